@@ -1,0 +1,266 @@
+"""Data contracts: the pyarrow schema of every hand-off table, and the only way to read/write them.
+
+Nested structures that vary by provider (messages, tools, tool calls) are stored as JSON text so
+that every row of a table has the same physical schema; token ids are typed lists.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+class ContractError(ValueError):
+    """A table that does not fit its contract; the message names the table, column and problem."""
+
+
+TOKEN_IDS = pa.list_(pa.int32())
+MASK = pa.list_(pa.int8())
+
+LOGPROB_TOKEN = pa.struct(
+    [
+        ("token", pa.string()),
+        # True bytes of the token (a token may be part of a multi-byte character).
+        ("bytes", pa.binary()),
+        ("logprob", pa.float32()),
+    ]
+)
+
+SCHEMAS: dict[str, pa.Schema] = {
+    # Prompt rows as loaded from a source, before any request.
+    "prompts": pa.schema(
+        [
+            ("id", pa.string()),
+            ("source", pa.string()),
+            ("messages", pa.string()),  # JSON: OpenAI chat messages ending with a user/tool turn
+            ("tools", pa.string()),  # JSON: OpenAI tool definitions, or null
+        ]
+    ),
+    # One row per finished request (generate stage output).
+    "generations": pa.schema(
+        [
+            ("id", pa.string()),
+            ("source", pa.string()),
+            ("messages", pa.string()),  # JSON: the prompt turns sent
+            ("tools", pa.string()),  # JSON or null
+            ("reasoning", pa.string()),  # null when the reply has none
+            ("content", pa.string()),
+            ("tool_calls", pa.string()),  # JSON list of OpenAI tool calls, or null
+            ("finish_reason", pa.string()),
+            ("truncated", pa.bool_()),  # finish_reason == "length"
+            ("prompt_tokens", pa.int64()),
+            ("completion_tokens", pa.int64()),
+            ("cost", pa.float64()),  # USD from usage.cost, null when not reported
+            ("latency_s", pa.float64()),
+            ("model", pa.string()),
+            ("provider", pa.string()),
+            ("prompt_token_ids", TOKEN_IDS),  # server ids (vLLM/SGLang), or null
+            ("token_ids", TOKEN_IDS),  # server completion ids, or null
+            ("logprob_tokens", pa.list_(LOGPROB_TOKEN)),  # or null
+        ]
+    ),
+    # Rows a stage refused, with why; never passed on.
+    "quarantine": pa.schema(
+        [
+            ("stage", pa.string()),
+            ("id", pa.string()),
+            ("source", pa.string()),
+            ("reason", pa.string()),  # short machine-readable kind, counted per reason
+            ("field", pa.string()),  # the offending field, or null
+            ("detail", pa.string()),  # human-readable explanation
+            ("location", pa.string()),  # file:line or similar, or null
+        ]
+    ),
+    # Exact training ids per conversation (reconstruct stage output).
+    "reconstructed": pa.schema(
+        [
+            ("id", pa.string()),
+            ("source", pa.string()),
+            ("input_ids", TOKEN_IDS),
+            ("loss_mask", MASK),  # 1 on tokens the model generated, incl. its end-of-turn token
+            ("num_tokens", pa.int32()),
+            ("num_trained", pa.int32()),
+            ("last_trained_id", pa.int32()),
+            ("method", pa.string()),  # server_ids | logprobs | reencode
+            ("round_trip", pa.bool_()),  # decode(input_ids) == rendered text
+            ("finish_reason", pa.string()),
+            ("prompt_text", pa.string()),  # the prompt turns as plain text, for dedup
+        ]
+    ),
+    # Per-row trust in the ids (validate stage output).
+    "validation": pa.schema(
+        [
+            ("id", pa.string()),
+            ("source", pa.string()),
+            ("method", pa.string()),
+            ("mode", pa.string()),  # "check" (rebuilt vs truth) or "simulate" (text API played)
+            ("klass", pa.string()),  # exact | bpe_only | semantic | unverified
+            ("first_divergence", pa.int32()),  # token index, null when exact/unverified
+            ("truth_context", pa.string()),  # token strings around the divergence
+            ("rebuilt_context", pa.string()),
+            ("round_trip", pa.bool_()),
+        ]
+    ),
+    # Training and eval rows (merge stage output).
+    "merged": pa.schema(
+        [
+            ("id", pa.string()),
+            ("source", pa.string()),
+            ("split", pa.string()),  # train | eval
+            ("input_ids", TOKEN_IDS),
+            ("loss_mask", MASK),
+            ("num_tokens", pa.int32()),
+        ]
+    ),
+    # Where each merged row's hidden states live (extract stage output).
+    "hidden_index": pa.schema(
+        [
+            ("id", pa.string()),
+            ("split", pa.string()),
+            ("shard", pa.string()),  # file name of the safetensors shard
+            ("offset", pa.int64()),  # first token row in the shard
+            ("length", pa.int32()),  # tokens (no padding stored)
+            ("input_ids", TOKEN_IDS),
+            ("loss_mask", MASK),
+        ]
+    ),
+}
+
+
+def schema(name: str) -> pa.Schema:
+    try:
+        return SCHEMAS[name]
+    except KeyError:
+        raise ContractError(f"unknown table {name!r}; known: {sorted(SCHEMAS)}") from None
+
+
+def conform(name: str, table: pa.Table) -> pa.Table:
+    """Return `table` cast to contract `name`, or raise naming the column and the problem."""
+    want = schema(name)
+    have = set(table.column_names)
+    missing = [f.name for f in want if f.name not in have]
+    if missing:
+        raise ContractError(f"table {name!r}: missing column(s) {missing}")
+    extra = sorted(have - set(want.names))
+    if extra:
+        raise ContractError(f"table {name!r}: unexpected column(s) {extra}")
+    columns = []
+    for field in want:
+        col = table.column(field.name)
+        if not col.type.equals(field.type):
+            try:
+                col = col.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise ContractError(
+                    f"table {name!r}: column {field.name!r} has type {col.type}, expected {field.type}: {e}"
+                ) from None
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=want)
+
+
+def to_table(name: str, rows: list[dict]) -> pa.Table:
+    """Build a contract table from row dicts (missing nullable keys become null)."""
+    want = schema(name)
+    try:
+        return pa.Table.from_pylist(rows, schema=want)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        for i, row in enumerate(rows):
+            for field in want:
+                try:
+                    pa.array([row.get(field.name)], type=field.type)
+                except (pa.ArrowInvalid, pa.ArrowTypeError) as cell_error:
+                    raise ContractError(
+                        f"table {name!r}: row {i} (id={row.get('id')!r}) column {field.name!r}: "
+                        f"expected {field.type}, got {row.get(field.name)!r:.80}: {cell_error}"
+                    ) from None
+        raise ContractError(f"table {name!r}: {e}") from None
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temp path beside `path`; on success fsync and rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_table(name: str, table: pa.Table | list[dict], path: Path) -> Path:
+    """Check `table` against contract `name` and write it atomically as Parquet."""
+    if isinstance(table, list):
+        table = to_table(name, table)
+    table = conform(name, table)
+    with atomic_path(Path(path)) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+    return Path(path)
+
+
+def read_table(name: str, path: Path, columns: list[str] | None = None) -> pa.Table:
+    """Read a Parquet file or directory of shards and check it against contract `name`."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
+        if not files:
+            return schema(name).empty_table() if columns is None else schema(name).empty_table().select(columns)
+        table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+    elif path.exists():
+        table = pq.read_table(path, columns=columns)
+    else:
+        raise ContractError(f"table {name!r}: {path} does not exist")
+    if columns is None:
+        return conform(name, table)
+    want = schema(name)
+    for col in columns:
+        if col not in want.names:
+            raise ContractError(f"table {name!r}: no column {col!r}")
+        if not table.schema.field(col).type.equals(want.field(col).type):
+            raise ContractError(
+                f"table {name!r}: column {col!r} has type {table.schema.field(col).type}, "
+                f"expected {want.field(col).type}"
+            )
+    return table
+
+
+def quarantine_row(
+    stage: str,
+    row_id: str | None,
+    source: str | None,
+    reason: str,
+    detail: str,
+    field: str | None = None,
+    location: str | None = None,
+) -> dict:
+    """A quarantine record; `reason` is a short kind counted in reports, `detail` says what was expected."""
+    return {
+        "stage": stage,
+        "id": row_id,
+        "source": source,
+        "reason": reason,
+        "field": field,
+        "detail": detail,
+        "location": location,
+    }

@@ -1,0 +1,1 @@
+"""The target model: packaged assets, loading, and the tokenizer preflight."""
