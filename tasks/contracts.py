@@ -1,5 +1,8 @@
 """Data contracts: the pyarrow schema of every hand-off table, and the only way to read/write them.
 
+A table is one Parquet file or a directory of `part-NNNNN.parquet` shards; side tables in the same
+stage directory (quarantine, reports) use other names so they are never read as data.
+
 Nested structures that vary by provider (messages, tools, tool calls) are stored as JSON text so
 that every row of a table has the same physical schema; token ids are typed lists.
 """
@@ -220,10 +223,10 @@ def write_table(name: str, table: pa.Table | list[dict], path: Path) -> Path:
 
 
 def read_table(name: str, path: Path, columns: list[str] | None = None) -> pa.Table:
-    """Read a Parquet file or directory of shards and check it against contract `name`."""
+    """Read a Parquet file, or a directory's `part-*.parquet` shards, checked against contract `name`."""
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
+        files = sorted(path.glob("part-*.parquet"))
         if not files:
             return schema(name).empty_table() if columns is None else schema(name).empty_table().select(columns)
         table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
