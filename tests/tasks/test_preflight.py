@@ -1,0 +1,61 @@
+import pytest
+
+from tasks.config import TargetConfig
+from tasks.target.preflight import resolve_end_of_turn, run_preflight
+
+
+def test_smollm2_gguf_passes(demo_target, demo_tokenizer):
+    cfg = demo_target.model_copy(update={"special_tokens": {"<|im_end|>": 2, "<|im_start|>": 1}})
+    report = run_preflight(cfg, demo_tokenizer)
+    assert report.ok, report.problems
+    assert (report.end_of_turn, report.end_of_turn_id) == ("<|im_end|>", 2)
+    texts = {c.text for c in report.checks}
+    assert {"<|im_end|>", "<|im_start|>"} <= texts
+
+
+def test_deepseek_v4_tokenizer_passes(deepseek_target, deepseek_tokenizer):
+    pins = {"<｜end▁of▁sentence｜>": 1, "<｜begin▁of▁sentence｜>": 0, "<｜User｜>": 128803, "<｜Assistant｜>": 128804}
+    markers = ["<think>", "</think>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"]
+    cfg = deepseek_target.model_copy(update={"special_tokens": pins, "extra_markers": markers})
+    report = run_preflight(cfg, deepseek_tokenizer)
+    assert report.ok, report.problems
+    assert report.end_of_turn_id == 1
+    assert {c.text: c.token_id for c in report.checks}["</think>"] == 128822
+
+
+def test_wrong_pin_names_token_pinned_id_its_decode_and_right_id(demo_target, demo_tokenizer):
+    cfg = demo_target.model_copy(update={"special_tokens": {"<|im_end|>": 3}})
+    report = run_preflight(cfg, demo_tokenizer)
+    assert not report.ok
+    assert report.problems == [
+        "token '<|im_end|>': the config pins id 3, which decodes to '<repo_name>'; the right id is 2"
+    ]
+
+
+def test_pin_outside_vocab(demo_target, demo_tokenizer):
+    cfg = demo_target.model_copy(update={"special_tokens": {"<|im_end|>": 163533}})
+    (problem,) = run_preflight(cfg, demo_tokenizer).problems
+    assert "163533, which is outside the vocabulary (size 49152); the right id is 2" in problem
+
+
+def test_marker_that_is_not_a_single_token(demo_target, demo_tokenizer):
+    cfg = demo_target.model_copy(update={"special_tokens": {"<|im_assistant|>": 7}})
+    (problem,) = run_preflight(cfg, demo_tokenizer).problems
+    assert "'<|im_assistant|>': not a single token" in problem
+
+
+def test_end_of_turn_from_template_and_config(demo_tokenizer):
+    assert resolve_end_of_turn(demo_tokenizer, TargetConfig()) == "<|im_end|>"
+    assert resolve_end_of_turn(demo_tokenizer, TargetConfig(end_of_turn="<|endoftext|>")) == "<|endoftext|>"
+
+
+def test_trust_remote_code_is_reported(demo_target, demo_tokenizer):
+    report = run_preflight(demo_target.model_copy(update={"trust_remote_code": True}), demo_tokenizer)
+    assert report.trust_remote_code
+    assert not run_preflight(demo_target, demo_tokenizer).trust_remote_code
+
+
+@pytest.mark.parametrize("field", ["model", "special_tokens"])
+def test_target_config_is_strict(field):
+    with pytest.raises(ValueError):
+        TargetConfig(**{field: object()})
