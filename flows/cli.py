@@ -108,6 +108,24 @@ def demo(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
     print_outputs(cfg, eagle3_pipeline(cfg))
 
 
+@app.command()
+def deploy(
+    config: Path = ConfigOption,
+    set_: list[str] = SetOption,
+    serve: bool = typer.Option(True, help="Keep serving scheduled and UI-triggered runs (else only register)."),
+) -> None:
+    """Register the pipeline (scheduled by orchestration.schedule_cron) and each stage flow as deployments."""
+    from flows.deploy import register, serve_deployments
+
+    cfg = read_config(config, set_)
+    if serve:
+        console.print("serving deployments; trigger or schedule runs from the UI, Ctrl-C (SIGTERM) to stop")
+        serve_deployments(cfg)
+    else:
+        for deployment_id in register(cfg):
+            console.print(f"registered deployment {deployment_id}")
+
+
 def print_outputs(cfg: RunConfig, results: dict) -> None:
     """Where each stage's outputs are, and how to see the runs in the Prefect UI."""
     from rich.table import Table
@@ -127,6 +145,23 @@ def print_outputs(cfg: RunConfig, results: dict) -> None:
         "Prefect UI: `prefect server start --host 127.0.0.1` then open http://127.0.0.1:4200 "
         "(run with PREFECT_API_URL=http://127.0.0.1:4200/api to record runs there)."
     )
+
+
+@app.command("serve-target")
+def serve_target(
+    config: Path = ConfigOption,
+    port: int = typer.Option(8000, "--port", help="Port on 127.0.0.1."),
+    threads: int = typer.Option(None, "--threads", help="Torch threads (default: api.server_threads)."),
+    max_batch: int = typer.Option(None, "--max-batch", help="Sequences per forward (default: api.server_max_batch)."),
+    set_: list[str] = SetOption,
+) -> None:
+    """Serve the configured target on 127.0.0.1 as an OpenAI-compatible chat endpoint."""
+    from tasks.generate.server import serve
+
+    cfg = read_config(config, set_)
+    api = cfg.generate.api
+    console.print(f"serving {cfg.target.model} on http://127.0.0.1:{port}/v1", highlight=False)
+    serve(cfg, port, threads or api.server_threads, max_batch or api.server_max_batch, api.server_dtype)
 
 
 if __name__ == "__main__":

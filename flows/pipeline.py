@@ -8,6 +8,7 @@ from prefect import flow
 from prefect.logging import get_run_logger
 
 from tasks.config import RunConfig
+from tasks.runners import build_task_runner
 from tasks.stage_record import current_summary, save_record
 from tasks.target.preflight import preflight_task
 
@@ -29,7 +30,8 @@ def run_stage(stage: str, config: RunConfig) -> dict:
         logger.info("stage %s is up to date (same config and inputs): skipped", stage)
         return summary | {"skipped": True}
     started = time.time()
-    summary = stage_flows()[stage](config)
+    stage_flow = stage_flows()[stage].with_options(task_runner=build_task_runner(config.orchestration))
+    summary = stage_flow(config)
     save_record(config, stage, summary, started)
     return summary
 

@@ -119,6 +119,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("input_ids", TOKEN_IDS),
             ("loss_mask", MASK),
             ("num_tokens", pa.int32()),
+            ("num_trained", pa.int32()),  # tokens under the loss mask
         ]
     ),
     # Where each merged row's hidden states live (extract stage output).
@@ -185,15 +186,23 @@ def to_table(name: str, rows: list[dict]) -> pa.Table:
         raise ContractError(f"table {name!r}: {e}") from None
 
 
+class StorageError(OSError):
+    """A write that could not complete (read-only or full disk); no partial file is left behind."""
+
+
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temp path beside `path`; on success fsync and rename it into place."""
+    """Yield a temp path beside `path`; on success fsync and rename it into place.
+
+    A reader never sees a half-written file: it sees the old file, or none, or the whole new one.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path: Path | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
         yield tmp_path
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
@@ -203,8 +212,16 @@ def atomic_path(path: Path) -> Iterator[Path]:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+    except OSError as e:
+        if isinstance(e, StorageError):
+            raise
+        raise StorageError(e.errno, f"cannot write {path}: {e.strerror or e}") from e
     finally:
-        tmp_path.unlink(missing_ok=True)
+        if tmp_path is not None:
+            try:
+                tmp_path.unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

@@ -1,0 +1,31 @@
+"""Task runners: threads on one machine, Dask or Ray to spread shard tasks over a cluster."""
+
+from __future__ import annotations
+
+from tasks.config import OrchestrationConfig
+
+
+class RunnerError(RuntimeError):
+    """The configured task runner cannot be built here (its integration package is missing)."""
+
+
+def build_task_runner(cfg: OrchestrationConfig):
+    """The Prefect task runner named by `orchestration.task_runner`."""
+    if cfg.task_runner == "threads":
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=cfg.max_workers)
+    if cfg.task_runner == "dask":
+        try:
+            from prefect_dask import DaskTaskRunner
+        except ImportError as e:
+            raise RunnerError("orchestration.task_runner=dask needs `pip install 'draftsmith[dask]'`") from e
+        if cfg.cluster_address:
+            return DaskTaskRunner(address=cfg.cluster_address)
+        # Processes keep torch-heavy shards from fighting over the GIL; one thread each.
+        return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.max_workers, "threads_per_worker": 1})
+    try:
+        from prefect_ray import RayTaskRunner
+    except ImportError as e:
+        raise RunnerError("orchestration.task_runner=ray needs `pip install 'draftsmith[ray]'`") from e
+    return RayTaskRunner(address=cfg.cluster_address) if cfg.cluster_address else RayTaskRunner()
