@@ -1,0 +1,98 @@
+"""Hidden-state shards on disk: safetensors `aux` (T, 3*H) and `final` (T, H) in bf16, plus completion markers.
+
+Rows are concatenated along the token axis with no padding; the index says where each row starts.
+A shard counts as done only when its completion marker exists, names the same input fingerprint
+and the shard file has the recorded size: anything else (a crash between the two writes, a changed
+input) is redone. Both files are written atomically, the shard first.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from tasks.contracts import atomic_path, write_bytes_atomic
+from tasks.extract.backend import RowStates
+from tasks.target.assets import sha256_of
+
+SHARD_RE = re.compile(r"^shard-\d{5}\.safetensors$")
+COMPLETIONS = "completions"
+
+
+def shard_name(number: int) -> str:
+    return f"shard-{number:05d}.safetensors"
+
+
+def marker_path(directory: Path, name: str) -> Path:
+    return Path(directory) / COMPLETIONS / (name.removesuffix(".safetensors") + ".json")
+
+
+def write_shard(path: Path, rows: list[RowStates]) -> dict:
+    """Concatenate rows along the token axis and write them atomically; returns tokens, bytes, sha256."""
+    aux = torch.cat([r.aux for r in rows], dim=0).contiguous()  # (T, 3*H)
+    final = torch.cat([r.final for r in rows], dim=0).contiguous()  # (T, H)
+    with atomic_path(Path(path)) as tmp:
+        save_file({"aux": aux, "final": final}, str(tmp))
+    return {"tokens": int(aux.shape[0]), "bytes": Path(path).stat().st_size, "sha256": sha256_of(Path(path))}
+
+
+def read_rows(path: Path, spans: list[tuple[int, int]]) -> list[RowStates]:
+    """The rows at (offset, length) spans of one shard, as stored (bf16)."""
+    out = []
+    with safe_open(str(path), framework="pt") as shard:
+        aux, final = shard.get_slice("aux"), shard.get_slice("final")
+        for offset, length in spans:
+            out.append(RowStates(aux=aux[offset : offset + length], final=final[offset : offset + length]))
+    return out
+
+
+def read_shard(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole shard: aux (T, 3*H) and final (T, H)."""
+    with safe_open(str(path), framework="pt") as shard:
+        return shard.get_tensor("aux"), shard.get_tensor("final")
+
+
+def write_marker(directory: Path, name: str, record: dict) -> None:
+    write_bytes_atomic(marker_path(directory, name), json.dumps(record, indent=1, sort_keys=True).encode())
+
+
+def read_marker(directory: Path, name: str) -> dict | None:
+    path = marker_path(directory, name)
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def finished_marker(directory: Path, name: str, fingerprint: str) -> dict | None:
+    """The shard's marker when the shard is complete for this exact input, else None."""
+    marker = read_marker(directory, name)
+    shard = Path(directory) / name
+    if marker is None or marker.get("fingerprint") != fingerprint or not shard.exists():
+        return None
+    if shard.stat().st_size != marker.get("bytes"):
+        return None
+    return marker
+
+
+def remove_stale(directory: Path, keep: set[str]) -> list[str]:
+    """Delete shards/markers not in `keep` (left by a larger earlier input) and temp files of killed writes."""
+    directory = Path(directory)
+    removed = []
+    for path in sorted(directory.glob("shard-*.safetensors")):
+        if SHARD_RE.match(path.name) and path.name not in keep:
+            path.unlink()
+            removed.append(path.name)
+    for path in sorted((directory / COMPLETIONS).glob("shard-*.json")):
+        if path.stem + ".safetensors" not in keep:
+            path.unlink()
+    for path in sorted(directory.glob(".shard-*.tmp")) + sorted((directory / COMPLETIONS).glob(".*.tmp")):
+        path.unlink(missing_ok=True)
+    return removed

@@ -1,0 +1,177 @@
+"""The extract stage: run the target over planned shards, then write the index and metadata."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from prefect import task
+
+from tasks.config import RunConfig
+from tasks.contracts import read_table, write_bytes_atomic, write_table
+from tasks.extract.backend import (
+    FINAL_CONVENTION,
+    LAYER_CONVENTION,
+    HiddenStateBackend,
+    layer_id_forms,
+)
+from tasks.extract.batching import pack_batches, padding_tokens
+from tasks.extract.plan import ShardPlan, aux_layer_ids, hidden_dir, plan_extract, read_target_info
+from tasks.extract.shards import finished_marker, write_marker, write_shard
+from tasks.extract.transformers_backend import load_transformers_backend, resolve_dtype
+from tasks.target.loader import pick_device
+
+_backends: dict[str, HiddenStateBackend] = {}
+_backend_lock = threading.Lock()
+
+
+def get_backend(config: RunConfig) -> HiddenStateBackend:
+    """The configured backend, loaded once per process and shared by the shard tasks."""
+    key = json.dumps([config.target.model_dump(mode="json"), config.extract.model_dump(mode="json")])
+    with _backend_lock:
+        if key not in _backends:
+            if config.extract.backend != "transformers":
+                raise ValueError(f"extract.backend={config.extract.backend!r} is not available")
+            _backends[key] = load_transformers_backend(config.target, config.extract)
+        return _backends[key]
+
+
+def extract_shard(config: RunConfig, plan: ShardPlan, backend: HiddenStateBackend | None = None) -> dict:
+    """Write one shard unless its marker says it is already done for this input; returns the marker."""
+    out = hidden_dir(config)
+    done = finished_marker(out, plan.name, plan.fingerprint)
+    if done is not None:
+        return done | {"skipped": True}
+    backend = backend or get_backend(config)
+    table = read_table("merged", Path(plan.input_path), columns=["id", "split", "input_ids"]).to_pylist()
+    lengths = [len(r["input_ids"]) for r in table]
+    batches = pack_batches(lengths, config.extract.batch_tokens)
+    started = time.perf_counter()
+    states = []
+    for batch in batches:
+        states += backend.extract([table[i]["input_ids"] for i in batch])
+    seconds = time.perf_counter() - started
+    written = write_shard(out / plan.name, states)
+    offsets = [0]
+    for n in lengths[:-1]:
+        offsets.append(offsets[-1] + n)
+    marker = {
+        "shard": plan.name,
+        "fingerprint": plan.fingerprint,
+        "rows": [[r["id"], r["split"], o, n] for r, o, n in zip(table, offsets, lengths, strict=True)],
+        "batches": len(batches),
+        "padding_tokens": padding_tokens(lengths, batches),
+        "forward_seconds": round(seconds, 4),
+        **written,
+    }
+    write_marker(out, plan.name, marker)
+    return marker | {"skipped": False}
+
+
+def build_index(plans: list[ShardPlan], markers: list[dict]) -> list[dict]:
+    """One hidden_index row per stored row, with its ids and loss mask from the shard's input."""
+    rows = []
+    for plan, marker in zip(plans, markers, strict=True):
+        source = read_table("merged", Path(plan.input_path), columns=["id", "input_ids", "loss_mask"]).to_pylist()
+        by_id = {r["id"]: r for r in source}
+        for rid, split, offset, length in marker["rows"]:
+            src = by_id[rid]
+            rows.append(
+                {
+                    "id": rid,
+                    "split": split,
+                    "shard": plan.name,
+                    "offset": offset,
+                    "length": length,
+                    "input_ids": src["input_ids"],
+                    "loss_mask": src["loss_mask"],
+                }
+            )
+    return rows
+
+
+def finalize_extract(config: RunConfig, plans: list[ShardPlan], markers: list[dict]) -> dict:
+    """Write index.parquet and meta.json; return the run summary."""
+    out = hidden_dir(config)
+    info = read_target_info(config)
+    ids = aux_layer_ids(config, info)
+    index = build_index(plans, markers)
+    write_table("hidden_index", index, out / "index.parquet")
+    tokens = sum(m["tokens"] for m in markers)
+    size = sum(m["bytes"] for m in markers)
+    fresh = [m for m in markers if not m["skipped"]]
+    fresh_tokens = sum(m["tokens"] for m in fresh)
+    fresh_seconds = sum(m["forward_seconds"] for m in fresh)
+    all_seconds = sum(m["forward_seconds"] for m in markers)
+    computed = sum(m["tokens"] + m["padding_tokens"] for m in markers)
+    meta = {
+        "target": info.model,
+        "num_hidden_layers": info.num_hidden_layers,
+        "hidden_size": info.hidden_size,
+        "vocab_size": info.vocab_size,
+        "aux_layer_ids": ids,
+        "aux_layer_convention": LAYER_CONVENTION,
+        "aux_layer_id_forms": layer_id_forms(ids),
+        "final": FINAL_CONVENTION,
+        "tensors": {"aux": f"[T, {3 * info.hidden_size}]", "final": f"[T, {info.hidden_size}]"},
+        "dtype": "bfloat16",
+        "compute_dtype": resolve_dtype(config.extract.dtype, pick_device(config.extract.device)),
+        "rows": len(index),
+        "tokens": tokens,
+        "bytes_per_token": round(size / tokens, 3) if tokens else None,
+        "shards": [
+            {"name": m["shard"], "rows": len(m["rows"]), "tokens": m["tokens"], "bytes": m["bytes"], "sha256": m["sha256"]}
+            for m in markers
+        ],
+    }
+    write_bytes_atomic(out / "meta.json", json.dumps(meta, indent=1).encode())
+    quarantined = read_table("quarantine", out / "quarantine.parquet", columns=["id"]).num_rows
+    return {
+        "hidden_states": str(out),
+        "index": str(out / "index.parquet"),
+        "rows": len(index),
+        "quarantined": quarantined,
+        "shards": len(markers),
+        "shards_skipped": len(markers) - len(fresh),
+        "tokens": tokens,
+        "tokens_this_run": fresh_tokens,
+        "tokens_per_s": round(fresh_tokens / fresh_seconds, 1) if fresh_seconds else None,
+        "tokens_per_s_all_shards": round(tokens / all_seconds, 1) if all_seconds else None,
+        "padding_share": round(1 - tokens / computed, 4) if computed else 0.0,
+        "bytes": size,
+        "bytes_per_token": meta["bytes_per_token"],
+        "bytes_per_token_ideal": 8 * info.hidden_size,  # 3 aux + 1 final state, 2 bytes each
+    }
+
+
+def run_extract(config: RunConfig, backend: HiddenStateBackend | None = None) -> dict:
+    """Plan, extract every shard not already done, then index; the whole stage without Prefect."""
+    plans = plan_extract(config)
+    markers = [extract_shard(config, plan, backend) for plan in plans]
+    return finalize_extract(config, plans, markers)
+
+
+def summary_markdown(summary: dict) -> str:
+    rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items() if k not in ("hidden_states", "index"))
+    return f"# Extract: hidden states\n\n`{summary['hidden_states']}`\n\n| measure | value |\n|---|---|\n{rows}"
+
+
+@task(name="extract-plan")
+def plan_task(config: RunConfig) -> list[dict]:
+    return [p.record() for p in plan_extract(config)]
+
+
+@task(name="extract-shard")
+def extract_shard_task(config: RunConfig, plan: dict) -> dict:
+    return extract_shard(config, ShardPlan(**plan))
+
+
+@task(name="extract-index")
+def finalize_task(config: RunConfig, plans: list[dict], markers: list[dict]) -> dict:
+    from prefect.artifacts import create_markdown_artifact
+
+    summary = finalize_extract(config, [ShardPlan(**p) for p in plans], markers)
+    create_markdown_artifact(key="extract-summary", markdown=summary_markdown(summary), description="Extract stage")
+    return summary
