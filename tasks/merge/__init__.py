@@ -1,0 +1,1 @@
+"""Merge stage: reconstructed sources into one deduplicated, mixed, split training set."""
