@@ -147,12 +147,17 @@ def print_outputs(cfg: RunConfig, results: dict) -> None:
     )
 
 
+PortOption = typer.Option(8000, "--port", help="Port on 127.0.0.1.")
+ThreadsOption = typer.Option(None, "--threads", help="Torch threads (default: generate.api.server_threads).")
+MaxBatchOption = typer.Option(None, "--max-batch", help="Rows per forward (default: generate.api.server_max_batch).")
+
+
 @app.command("serve-target")
 def serve_target(
     config: Path = ConfigOption,
-    port: int = typer.Option(8000, "--port", help="Port on 127.0.0.1."),
-    threads: int = typer.Option(None, "--threads", help="Torch threads (default: api.server_threads)."),
-    max_batch: int = typer.Option(None, "--max-batch", help="Sequences per forward (default: api.server_max_batch)."),
+    port: int = PortOption,
+    threads: int = ThreadsOption,
+    max_batch: int = MaxBatchOption,
     set_: list[str] = SetOption,
 ) -> None:
     """Serve the configured target on 127.0.0.1 as an OpenAI-compatible chat endpoint."""

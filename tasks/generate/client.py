@@ -1,0 +1,227 @@
+"""Async chat-completions client: OpenAI wire format, retries that honour Retry-After, lean per request.
+
+`complete(prompt)` returns one journal record: status "done" (a reply), "failed" (retryable or
+permanent, with the error kind), or "stopped" (402: no credits; the run must stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import random
+import re
+import time
+import zlib
+
+import httpx
+
+from tasks.config import ApiConfig, RequestConfig
+
+RETRYABLE_STATUS = {408, 409, 425, 429}
+ERROR_BODY_CHARS = 500
+TOKEN_OPTIONS = ("vllm", "sglang", "embedded")
+BEARER_RE = re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?(?:bearer\s+)?|bearer\s+)[^\s'\",}]+")
+
+
+def redact(text: str, secret: str | None) -> str:
+    """Remove the key and any Authorization value from text that may reach a file or log."""
+    if secret:
+        text = text.replace(secret, "***")
+    return BEARER_RE.sub(r"\1***", text)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta seconds or an HTTP date)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def request_seed(seed: int | None, row_id: str) -> int | None:
+    """A fixed seed per request id, so a rerun of one id samples the same way where servers honour it."""
+    return None if seed is None else (seed + zlib.crc32(row_id.encode("utf-8"))) % (2**31)
+
+
+def static_body(api: ApiConfig, request: RequestConfig, model: str) -> dict:
+    """Body fields shared by every request; provider-specific options only where the server reads them."""
+    body = {"model": model, "temperature": request.temperature, "top_p": request.top_p, "max_tokens": request.max_tokens}
+    if request.stop:
+        body["stop"] = request.stop
+    if api.provider == "openrouter":
+        body["usage"] = {"include": True}
+        if request.reasoning is not None:
+            body["reasoning"] = request.reasoning
+        if request.provider_routing is not None:
+            body["provider"] = request.provider_routing
+    if api.provider in TOKEN_OPTIONS:
+        if request.return_token_ids:
+            body["return_token_ids"] = True
+        if request.chat_template_kwargs is not None:
+            body["chat_template_kwargs"] = request.chat_template_kwargs
+    if request.logprobs:
+        body["logprobs"] = True
+        if request.top_logprobs is not None:
+            body["top_logprobs"] = request.top_logprobs
+    body.update(request.extra_body)
+    return body
+
+
+def reply_record(prompt: dict, data: dict, latency_s: float, provider: str) -> dict:
+    """Journal record of a reply, in the `generations` contract's fields (bytes as int lists)."""
+    choice = data["choices"][0]
+    message = choice.get("message") or {}
+    reasoning = message.get("reasoning") or message.get("reasoning_content")
+    if not reasoning and message.get("reasoning_details"):
+        texts = [d.get("text") or d.get("summary") or "" for d in message["reasoning_details"] if isinstance(d, dict)]
+        reasoning = "".join(texts) or None
+    usage = data.get("usage") or {}
+    logprobs = (choice.get("logprobs") or {}).get("content")
+    finish = choice.get("finish_reason")
+    return {
+        "status": "done",
+        "id": prompt["id"],
+        "source": prompt["source"],
+        "messages": prompt["messages"],
+        "tools": prompt["tools"],
+        "reasoning": reasoning,
+        "content": message.get("content"),
+        "tool_calls": json.dumps(message["tool_calls"], ensure_ascii=False) if message.get("tool_calls") else None,
+        "finish_reason": finish,
+        "truncated": finish == "length",
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+        "cost": usage.get("cost"),
+        "latency_s": round(latency_s, 4),
+        "model": data.get("model"),
+        "provider": data.get("provider") or provider,
+        "prompt_token_ids": data.get("prompt_token_ids"),
+        "token_ids": choice.get("token_ids"),
+        "logprob_tokens": [{"token": e.get("token"), "bytes": e.get("bytes"), "logprob": e.get("logprob")} for e in logprobs]
+        if logprobs
+        else None,
+    }
+
+
+class ChatClient:
+    """One pooled HTTP client for a run; `complete` is safe to call from many coroutines."""
+
+    def __init__(self, api: ApiConfig, request: RequestConfig, model: str, api_key: str | None, base_url: str):
+        self.api = api
+        self.seed = request.seed
+        self.provider = api.provider
+        self._secret = api_key
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        # The shared fields are serialised once; each request splices in its own messages and tools.
+        self._head = json.dumps(static_body(api, request, model), ensure_ascii=False)[:-1].encode("utf-8")
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._timeout = httpx.Timeout(api.timeout_s, connect=min(api.timeout_s, 30.0))
+        self._ssl = httpx.create_ssl_context() if self._url.startswith("https") else False
+        # One single-connection client per request in flight: httpx scans its whole pool for every
+        # request, which at 64+ connections costs more CPU than the request itself.
+        self._lanes: list[httpx.AsyncClient] = []
+        self._free: list[httpx.AsyncClient] = []
+
+    def _lane(self) -> httpx.AsyncClient:
+        if self._free:
+            return self._free.pop()
+        lane = httpx.AsyncClient(
+            headers=self._headers,
+            timeout=self._timeout,
+            verify=self._ssl,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+        )
+        self._lanes.append(lane)
+        return lane
+
+    def body(self, prompt: dict) -> bytes:
+        parts = [self._head, b',"messages":', prompt["messages"].encode("utf-8")]
+        if prompt.get("tools"):
+            parts += [b',"tools":', prompt["tools"].encode("utf-8")]
+        seed = request_seed(self.seed, prompt["id"])
+        if seed is not None:
+            parts.append(b',"seed":%d' % seed)
+        parts.append(b"}")
+        return b"".join(parts)
+
+    def backoff(self, attempt: int, retry_after: float | None) -> float:
+        """Full-jitter exponential backoff; a server's Retry-After wins, both capped."""
+        if retry_after is not None:
+            return min(self.api.backoff_max_s, retry_after + random.uniform(0, self.api.backoff_base_s / 10))
+        return random.uniform(0, min(self.api.backoff_max_s, self.api.backoff_base_s * 2**attempt))
+
+    def failure(self, prompt: dict, kind: str, detail: str, retryable: bool, attempts: int, status: int | None = None) -> dict:
+        return {
+            "status": "failed",
+            "id": prompt["id"],
+            "source": prompt["source"],
+            "kind": kind,
+            "retryable": retryable,
+            "http_status": status,
+            "attempts": attempts,
+            "detail": redact(detail, self._secret)[:ERROR_BODY_CHARS],
+        }
+
+    async def post(self, body: bytes) -> tuple[httpx.Response | None, str, str]:
+        """One attempt: the response, or None with the transport error's kind and detail."""
+        lane = self._lane()
+        try:
+            return await lane.post(self._url, content=body), "", ""
+        except httpx.TimeoutException as e:
+            return None, "timeout", f"{type(e).__name__} after {self.api.timeout_s:g}s"
+        except httpx.TransportError as e:
+            return None, "connection", f"{type(e).__name__}: {e}"
+        finally:
+            self._free.append(lane)
+
+    async def complete(self, prompt: dict) -> dict:
+        body = self.body(prompt)
+        kind, detail, status = "", "", None
+        for attempt in range(self.api.max_retries + 1):
+            retry_after = None
+            started = time.perf_counter()
+            response, kind, detail = await self.post(body)
+            status = None if response is None else response.status_code
+            if status == 200:
+                try:
+                    data = json.loads(response.content)
+                except ValueError as e:
+                    data, kind, detail = None, "malformed_json", f"reply is not JSON: {e}"
+                if isinstance(data, dict) and data.get("choices"):
+                    return reply_record(prompt, data, time.perf_counter() - started, self.provider)
+                error = data.get("error") if isinstance(data, dict) else None
+                if isinstance(error, dict) and isinstance(error.get("code"), int):
+                    status = error["code"]  # OpenRouter reports some failures inside a 200
+                elif data is not None:
+                    kind, detail = "empty_choices", f"reply has no choices: {response.text}"
+            if status == 402:
+                return {
+                    "status": "stopped",
+                    "id": prompt["id"],
+                    "kind": "out_of_credits",
+                    "detail": redact(response.text, self._secret)[:ERROR_BODY_CHARS],
+                }
+            if status is not None and status != 200:
+                kind, detail = f"http_{status}", response.text
+                if status not in RETRYABLE_STATUS and status < 500:
+                    return self.failure(prompt, kind, detail, False, attempt + 1, status)
+                retry_after = parse_retry_after(response.headers.get("retry-after"))
+            if attempt < self.api.max_retries:
+                await asyncio.sleep(self.backoff(attempt, retry_after))
+        return self.failure(prompt, kind, detail, True, self.api.max_retries + 1, status)
+
+    async def aclose(self) -> None:
+        for lane in self._lanes:
+            await lane.aclose()
+        self._lanes.clear()
+        self._free.clear()

@@ -1,0 +1,74 @@
+"""Progress on the command line (rich) and in Prefect (a progress artifact), fed one record at a time."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+log = logging.getLogger(__name__)
+ARTIFACT_EVERY_S = 2.0  # Prefect API calls are ~30 ms each: update the artifact at most this often
+
+
+def in_prefect_run() -> bool:
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
+class GenerationProgress:
+    """A rich progress bar plus a Prefect progress artifact (when inside a flow or task run)."""
+
+    def __init__(self, total: int, key: str = "generate-progress"):
+        self.total = max(total, 1)
+        self.done = 0
+        self.failed = 0
+        self.cost = 0.0
+        self._last_push = 0.0
+        self._artifact_id = None
+        if in_prefect_run():
+            from prefect.artifacts import create_progress_artifact
+
+            self._artifact_id = create_progress_artifact(0.0, key=key, description="generate: requests finished")
+        self._bar = Progress(
+            TextColumn("generate"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self._task = self._bar.add_task("generate", total=total, status="")
+
+    def __enter__(self) -> GenerationProgress:
+        self._bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._push(force=True)
+        self._bar.stop()
+
+    def update(self, record: dict) -> None:
+        if record["status"] == "done":
+            self.done += 1
+            self.cost += record.get("cost") or 0.0
+        else:
+            self.failed += 1
+        status = f"failed {self.failed}  ${self.cost:.4f}"
+        self._bar.update(self._task, completed=self.done + self.failed, status=status)
+        self._push()
+
+    def _push(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._artifact_id is None or (not force and now - self._last_push < ARTIFACT_EVERY_S):
+            return
+        self._last_push = now
+        from prefect.artifacts import update_progress_artifact
+
+        try:
+            update_progress_artifact(self._artifact_id, 100.0 * (self.done + self.failed) / self.total)
+        except Exception as e:  # progress is cosmetic; never fail a paid-for run over it
+            log.debug("progress artifact update failed: %s", e)

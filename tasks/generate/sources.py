@@ -1,0 +1,290 @@
+"""Prompt sources: OpenAI messages, ShareGPT, BFCL function calling, instruction/response rows.
+
+Files are read as a stream (JSON lines, a JSON array element by element, Parquet in batches), so a
+large file is never loaded whole and a file cut off mid-record keeps every complete record.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.config import SourceConfig
+from tasks.contracts import quarantine_row
+from tasks.target.assets import resolve_path
+
+log = logging.getLogger(__name__)
+
+STAGE = "generate"
+CHUNK_CHARS = 1 << 20  # characters read per step when streaming a JSON array
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function_response": "tool",
+    "observation": "tool",
+}
+BFCL_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
+INSTRUCTION_KEYS = ("instruction", "problem", "prompt", "question")
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A record that could not be parsed: `reason` is file_cut or malformed_json."""
+
+    reason: str
+    location: str
+    detail: str
+
+
+class RowError(ValueError):
+    """A row that cannot become a prompt; `field` names the offending field."""
+
+    def __init__(self, field_name: str, detail: str, reason: str = "bad_row"):
+        super().__init__(detail)
+        self.field = field_name
+        self.reason = reason
+
+
+@dataclass
+class LoadedPrompts:
+    """Prompt rows (contract `prompts`) and the rows refused on the way, with reasons."""
+
+    rows: list[dict] = field(default_factory=list)
+    quarantine: list[dict] = field(default_factory=list)
+
+
+def content_id(messages: list[dict], tools: list[dict] | None) -> str:
+    """A stable id from the prompt's content (16 hex chars of sha256)."""
+    blob = json.dumps([messages, tools], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def _open_text(path: Path):
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _first_char(path: Path) -> str:
+    with _open_text(path) as f:
+        while ch := f.read(1):
+            if not ch.isspace():
+                return ch
+    return ""
+
+
+def iter_json_array(path: Path) -> Iterator[tuple[Any, str] | Unreadable]:
+    """Yield (element, location) from a JSON array; a tail that never parses yields one Unreadable last."""
+    decoder = json.JSONDecoder()
+    with _open_text(path) as f:
+        buf, eof, index, consumed = f.read(CHUNK_CHARS), False, 0, 0
+        pos = buf.index("[") + 1
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n,":
+                pos += 1
+            if pos < len(buf) and buf[pos] == "]":
+                return
+            try:
+                element, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError as e:
+                if not eof:
+                    chunk = f.read(CHUNK_CHARS)
+                    eof = not chunk
+                    consumed += pos
+                    buf, pos = buf[pos:] + chunk, 0
+                    continue
+                # The element never completes before the end of the file: the file was cut there.
+                yield Unreadable("file_cut", f"{path.name}:element {index} (char {consumed + pos})", e.msg)
+                return
+            yield element, f"{path.name}:element {index}"
+            index += 1
+            pos = end
+
+
+def iter_records(path: Path) -> Iterator[tuple[Any, str] | Unreadable]:
+    """Yield (record, location) per record, or an Unreadable where a record cannot be parsed."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        line = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for record in batch.to_pylist():
+                yield record, f"{path.name}:row {line}"
+                line += 1
+        return
+    if _first_char(path) == "[":
+        yield from iter_json_array(path)
+        return
+    with _open_text(path) as f:
+        for number, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            try:
+                yield json.loads(text), f"{path.name}:{number}"
+            except json.JSONDecodeError as e:
+                reason = "malformed_json" if text.endswith("\n") else "file_cut"
+                yield Unreadable(reason, f"{path.name}:{number}", e.msg)
+
+
+def _check_messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise RowError("messages", "expected a non-empty list of chat messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
+            raise RowError(f"messages[{i}].role", f"expected role system/user/assistant/tool, got {m!r:.80}")
+        content = m.get("content")
+        if not (isinstance(content, str) and content.strip()) and not m.get("tool_calls"):
+            raise RowError(f"messages[{i}].content", "empty content and no tool_calls")
+    return messages
+
+
+def cut_last_reply(messages: list[dict]) -> list[dict]:
+    """The turns before the last assistant turn (regenerated); must end with a user or tool turn."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+    if last is not None and last == len(messages) - 1:
+        messages = messages[:last]
+    if not messages or messages[-1]["role"] not in ("user", "tool"):
+        raise RowError("messages", "no user or tool turn before the reply to regenerate")
+    return messages
+
+
+def from_openai(record: dict) -> tuple[list[dict], list[dict] | None, Any]:
+    messages = _check_messages(record.get("messages"))
+    tools = record.get("tools") or None
+    if tools is not None and not isinstance(tools, list):
+        raise RowError("tools", "expected a list of tool definitions")
+    return cut_last_reply(messages), tools, record.get("id")
+
+
+def from_sharegpt(record: dict) -> tuple[list[dict], None, Any]:
+    turns = record.get("conversations", record.get("conversation"))
+    if not isinstance(turns, list) or not turns:
+        raise RowError("conversations", "expected a non-empty list of {from, value} turns")
+    messages = []
+    for i, turn in enumerate(turns):
+        role = SHAREGPT_ROLES.get(str(turn.get("from", "")).lower()) if isinstance(turn, dict) else None
+        if role is None:
+            raise RowError(f"conversations[{i}].from", f"unknown speaker {turn!r:.60}")
+        messages.append({"role": role, "content": turn.get("value")})
+    return cut_last_reply(_check_messages(messages)), None, record.get("id")
+
+
+def _bfcl_schema(node: Any) -> Any:
+    """BFCL parameter schemas use Python type names; JSON Schema wants object/number/array."""
+    if isinstance(node, dict):
+        out = {k: _bfcl_schema(v) for k, v in node.items()}
+        if isinstance(out.get("type"), str):
+            out["type"] = BFCL_TYPES.get(out["type"], out["type"])
+        return out
+    if isinstance(node, list):
+        return [_bfcl_schema(v) for v in node]
+    return node
+
+
+def from_bfcl(record: dict) -> tuple[list[dict], list[dict], Any]:
+    question = record.get("question")
+    if not isinstance(question, list) or not question:
+        raise RowError("question", "expected a list of turns (each a list of chat messages)")
+    turns = [m for turn in question for m in (turn if isinstance(turn, list) else [turn])]
+    functions = record.get("function")
+    if not isinstance(functions, list) or not functions:
+        raise RowError("function", "expected a non-empty list of function definitions")
+    tools = []
+    for i, fn in enumerate(functions):
+        if not isinstance(fn, dict) or not fn.get("name"):
+            raise RowError(f"function[{i}].name", "function definition without a name")
+        spec = {"name": fn["name"], "description": fn.get("description", "")}
+        spec["parameters"] = _bfcl_schema(fn.get("parameters") or {"type": "object", "properties": {}})
+        tools.append({"type": "function", "function": spec})
+    return cut_last_reply(_check_messages(turns)), tools, record.get("id")
+
+
+def from_instruction(record: dict) -> tuple[list[dict], None, Any]:
+    key = next((k for k in INSTRUCTION_KEYS if isinstance(record.get(k), str) and record[k].strip()), None)
+    if key is None:
+        raise RowError("instruction", f"no non-empty field among {list(INSTRUCTION_KEYS)}")
+    text = record[key].strip()
+    extra = record.get("input")
+    if isinstance(extra, str) and extra.strip():
+        text = f"{text}\n\n{extra.strip()}"
+    messages = [{"role": "system", "content": record["system"]}] if record.get("system") else []
+    messages.append({"role": "user", "content": text})
+    return messages, None, record.get("id")
+
+
+PARSERS = {"openai": from_openai, "sharegpt": from_sharegpt, "bfcl": from_bfcl, "instruction": from_instruction}
+
+
+def load_source(cfg: SourceConfig) -> LoadedPrompts:
+    """Read one source into prompt rows; unreadable rows and a cut file go to quarantine."""
+    out = LoadedPrompts()
+    path = resolve_path(cfg.path)
+    parse = PARSERS[cfg.format]
+    seen: set[str] = set()
+    readable = 0
+    for item in iter_records(path):
+        if cfg.limit is not None and len(out.rows) >= cfg.limit:
+            break
+        if isinstance(item, Unreadable):
+            detail = f"{item.location}: {item.detail}; {readable} readable records before it"
+            log.warning("source %s: %s: %s", cfg.name, item.reason, detail)
+            out.quarantine.append(quarantine_row(STAGE, None, cfg.name, item.reason, detail, None, item.location))
+            continue
+        record, location = item
+        try:
+            if not isinstance(record, dict):
+                raise RowError("<row>", f"expected an object, got {type(record).__name__}")
+            messages, tools, given = parse(record)
+            if cfg.max_prompt_chars is not None:
+                chars = sum(len(m.get("content") or "") for m in messages)
+                if chars > cfg.max_prompt_chars:
+                    raise RowError(
+                        "messages", f"prompt has {chars} chars > max_prompt_chars {cfg.max_prompt_chars}", "prompt_too_long"
+                    )
+        except RowError as e:
+            row_id = f"{cfg.name}:{record.get('id')}" if isinstance(record, dict) and record.get("id") else None
+            out.quarantine.append(quarantine_row(STAGE, row_id, cfg.name, e.reason, str(e), e.field, location))
+            continue
+        readable += 1
+        if readable <= cfg.offset:
+            continue
+        row_id = f"{cfg.name}:{given if given not in (None, '') else content_id(messages, tools)}"
+        if row_id in seen:
+            out.quarantine.append(
+                quarantine_row(STAGE, row_id, cfg.name, "duplicate_id", "id already taken by an earlier row", "id", location)
+            )
+            continue
+        seen.add(row_id)
+        out.rows.append(
+            {
+                "id": row_id,
+                "source": cfg.name,
+                "messages": json.dumps(messages, ensure_ascii=False),
+                "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
+            }
+        )
+    return out
+
+
+def load_sources(sources: list[SourceConfig]) -> LoadedPrompts:
+    """All configured sources, in order."""
+    total = LoadedPrompts()
+    for cfg in sources:
+        part = load_source(cfg)
+        total.rows += part.rows
+        total.quarantine += part.quarantine
+        log.info("source %s: %d prompts, %d quarantined", cfg.name, len(part.rows), len(part.quarantine))
+    return total

@@ -1,0 +1,200 @@
+"""The generate stage: load prompts, ask the API for what the journal lacks, build the output from the journal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from prefect import task
+
+from tasks.config import ApiConfig, RunConfig
+from tasks.contracts import quarantine_row, write_table
+from tasks.generate.client import ChatClient
+from tasks.generate.embedded import embedded_server
+from tasks.generate.journal import JournalState, JournalWriter, read_journal
+from tasks.generate.progress import GenerationProgress
+from tasks.generate.runner import RunTally, run_requests
+from tasks.generate.sources import STAGE, load_sources
+from tasks.generate.summary import publish_summary, summarize, write_summary
+
+log = logging.getLogger(__name__)
+ROWS_PER_PART = 50_000
+OUTPUT_FIELDS = (
+    "id",
+    "source",
+    "messages",
+    "tools",
+    "reasoning",
+    "content",
+    "tool_calls",
+    "finish_reason",
+    "truncated",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost",
+    "latency_s",
+    "model",
+    "provider",
+    "prompt_token_ids",
+    "token_ids",
+    "logprob_tokens",
+)
+
+
+class MissingApiKeyError(RuntimeError):
+    """No API key where the config says to find one (the message names where, never a value)."""
+
+
+def generations_dir(config: RunConfig) -> Path:
+    return config.run_dir / "generations"
+
+
+def resolve_api_key(api: ApiConfig) -> str | None:
+    """The key from `api.api_key_env`, else the Prefect Secret block; None when neither is configured."""
+    if api.api_key_env and os.environ.get(api.api_key_env):
+        return os.environ[api.api_key_env]
+    if api.api_key_secret_block:
+        from prefect.blocks.system import Secret
+
+        return Secret.load(api.api_key_secret_block).get()
+    if api.api_key_env and api.provider != "embedded":
+        raise MissingApiKeyError(f"environment variable {api.api_key_env} is not set and no api_key_secret_block")
+    return None
+
+
+@contextmanager
+def endpoint(config: RunConfig, workdir: Path) -> Iterator[str]:
+    """The configured base URL, or a freshly started embedded server's."""
+    if config.generate.api.provider == "embedded" or config.generate.api.base_url == "embedded":
+        with embedded_server(config, workdir) as base_url:
+            yield base_url
+    else:
+        yield config.generate.api.base_url
+
+
+def output_row(record: dict) -> dict:
+    """A journal record as a `generations` row (logprob bytes: int lists -> bytes)."""
+    row = {k: record.get(k) for k in OUTPUT_FIELDS}
+    if row["logprob_tokens"]:
+        row["logprob_tokens"] = [
+            {"token": e["token"], "bytes": bytes(e["bytes"]) if e.get("bytes") is not None else None, "logprob": e["logprob"]}
+            for e in row["logprob_tokens"]
+        ]
+    return row
+
+
+def has_reply(record: dict) -> bool:
+    return bool((record.get("content") or "").strip() or record.get("tool_calls"))
+
+
+def write_outputs(
+    gen_dir: Path, prompts: list[dict], state: JournalState, prompt_quarantine: list[dict], tally: RunTally | None
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """Build the output shards and quarantine table from the journal; returns (rows, failures, quarantine)."""
+    rows, failures, quarantine = [], [], list(prompt_quarantine)
+    for prompt in prompts:
+        record = state.done.get(prompt["id"])
+        failure = state.failed.get(prompt["id"])
+        if record is not None and has_reply(record):
+            rows.append(output_row(record))
+        elif record is not None:
+            failures.append({"kind": "empty_reply"})
+            quarantine.append(
+                quarantine_row(
+                    STAGE,
+                    prompt["id"],
+                    prompt["source"],
+                    "empty_reply",
+                    f"reply has no content and no tool_calls (finish_reason {record.get('finish_reason')})",
+                    "content",
+                    "journal",
+                )
+            )
+        elif failure is not None:
+            failures.append(failure)
+            retry = "retried on rerun" if failure.get("retryable") else "permanent"
+            detail = f"{failure['detail']} (after {failure.get('attempts')} attempt(s); {retry})"
+            quarantine.append(quarantine_row(STAGE, prompt["id"], prompt["source"], failure["kind"], detail, "reply", "journal"))
+        else:
+            why = f"run stopped ({tally.stopped}: {tally.stop_detail})" if tally and tally.stopped else "not sent"
+            quarantine.append(
+                quarantine_row(STAGE, prompt["id"], prompt["source"], "not_sent", f"{why}; a rerun sends it", None, None)
+            )
+    parts = [rows[i : i + ROWS_PER_PART] for i in range(0, len(rows), ROWS_PER_PART)] or [[]]
+    for n, part in enumerate(parts):
+        write_table("generations", part, gen_dir / f"part-{n:05d}.parquet")
+    for stale in sorted(gen_dir.glob("part-*.parquet"))[len(parts) :]:
+        stale.unlink()
+    write_table("quarantine", quarantine, gen_dir / "quarantine.parquet")
+    return rows, failures, quarantine
+
+
+def run_generate(config: RunConfig) -> dict:
+    """Generate every prompt the journal lacks; returns paths and counts."""
+    gen = config.generate
+    gen_dir = generations_dir(config)
+    journal_path = gen_dir / "journal.jsonl"
+    loaded = load_sources(gen.sources)
+    state = read_journal(journal_path, repair=True)
+    settled = state.settled
+    todo = [p for p in loaded.rows if p["id"] not in settled]
+    log.info(
+        "generate: %d prompts, %d already in the journal, %d to request",
+        len(loaded.rows),
+        len(loaded.rows) - len(todo),
+        len(todo),
+    )
+    tally = None
+    if todo:
+        api_key = resolve_api_key(gen.api)
+        spent = sum(r.get("cost") or 0.0 for r in state.done.values())
+        with endpoint(config, gen_dir) as base_url:
+            tally = asyncio.run(_request_all(config, base_url, api_key, todo, journal_path, spent))
+        state = read_journal(journal_path)
+    rows, failures, quarantine = write_outputs(gen_dir, loaded.rows, state, loaded.quarantine, tally)
+    extra = {
+        "prompts": len(loaded.rows),
+        "requested_this_run": len(todo),
+        "from_journal": len(loaded.rows) - len(todo),
+        "stopped": tally.stopped if tally else None,
+        "torn_journal_lines": state.torn_lines,
+    }
+    summary = summarize(rows, failures, quarantine, extra)
+    write_summary(summary, gen_dir / "summary.json")
+    publish_summary(summary)
+    return {
+        "generations": str(gen_dir),
+        "journal": str(journal_path),
+        "quarantine": str(gen_dir / "quarantine.parquet"),
+        "summary": str(gen_dir / "summary.json"),
+        "rows": len(rows),
+        "failed": len(failures),
+        "quarantined": len(quarantine),
+        "requested_this_run": len(todo),
+        "error_rate": summary["error_rate"],
+        "stopped": summary["stopped"],
+    }
+
+
+async def _request_all(
+    config: RunConfig, base_url: str, api_key: str | None, todo: list[dict], journal_path: Path, spent: float
+) -> RunTally:
+    gen = config.generate
+    client = ChatClient(gen.api, gen.request, config.target.model, api_key, base_url)
+    try:
+        with JournalWriter(journal_path, gen.journal_batch) as journal, GenerationProgress(len(todo)) as progress:
+            return await run_requests(
+                todo, client, journal, gen.api.concurrency, gen.budget_usd, spent, on_record=progress.update
+            )
+    finally:
+        await client.aclose()
+
+
+@task(name="generate", retries=1, retry_delay_seconds=10)
+def generate_task(config: RunConfig) -> dict:
+    """Prefect task around `run_generate`; a retry resumes from the journal, never repeats a reply."""
+    return run_generate(config)

@@ -1,0 +1,68 @@
+"""The generate summary: counts by finish_reason, errors by kind, tokens, cost, latency percentiles."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from tasks.contracts import write_bytes_atomic
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return round(ordered[rank - 1], 4)
+
+
+def summarize(rows: list[dict], failures: list[dict], quarantine: list[dict], extra: dict) -> dict:
+    """A small JSON-able summary of the output table and what was refused."""
+    latencies = [r["latency_s"] for r in rows if r.get("latency_s") is not None]
+    costs = [r["cost"] for r in rows if r.get("cost") is not None]
+    attempted = len(rows) + len(failures)
+    return {
+        "rows": len(rows),
+        "by_finish_reason": dict(Counter(r.get("finish_reason") or "none" for r in rows).most_common()),
+        "truncated": sum(1 for r in rows if r.get("truncated")),
+        "errors_by_kind": dict(Counter(f["kind"] for f in failures).most_common()),
+        "quarantine_by_reason": dict(Counter(q["reason"] for q in quarantine).most_common()),
+        "error_rate": round(len(failures) / attempted, 6) if attempted else 0.0,
+        "tokens_in": sum(r.get("prompt_tokens") or 0 for r in rows),
+        "tokens_out": sum(r.get("completion_tokens") or 0 for r in rows),
+        "cost_usd": round(sum(costs), 6) if costs else None,
+        "latency_p50_s": percentile(latencies, 50),
+        "latency_p95_s": percentile(latencies, 95),
+        "by_source": dict(Counter(r["source"] for r in rows).most_common()),
+        **extra,
+    }
+
+
+def summary_markdown(summary: dict) -> str:
+    lines = ["# Generate summary", "", "| metric | value |", "|---|---|"]
+    for key, value in summary.items():
+        shown = (", ".join(f"{k}: {v}" for k, v in value.items()) or "-") if isinstance(value, dict) else value
+        lines.append(f"| {key} | {shown} |")
+    return "\n".join(lines)
+
+
+def write_summary(summary: dict, path: Path) -> Path:
+    write_bytes_atomic(path, json.dumps(summary, indent=2, sort_keys=False).encode("utf-8"))
+    return path
+
+
+def publish_summary(summary: dict) -> None:
+    """The summary as a Prefect markdown artifact, when inside a flow or task run."""
+    from tasks.generate.progress import in_prefect_run
+
+    if not in_prefect_run():
+        return
+    from prefect.artifacts import create_markdown_artifact
+
+    create_markdown_artifact(
+        key="generate-summary",
+        markdown=summary_markdown(summary),
+        description=f"generate: {summary['rows']} rows, error rate {summary['error_rate']}",
+    )

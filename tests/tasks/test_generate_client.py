@@ -1,0 +1,201 @@
+"""The client and stage against a fault-injecting local server: retries, quarantine, stops, secrets."""
+
+import json
+import logging
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.config import ApiConfig, GenerateConfig, RequestConfig, RunConfig, SourceConfig
+from tasks.contracts import read_table
+from tasks.generate.client import parse_retry_after, redact
+from tasks.generate.faults import CannedServer
+from tasks.generate.journal import JournalWriter, read_journal
+from tasks.generate.stage import run_generate
+
+FAULTS = ["429", "429ra,429ra", "500", "502", "503", "timeout", "reset", "malformed", "truncated", "empty", "500,timeout,reset"]
+
+
+@pytest.fixture
+def server():
+    canned = CannedServer(hang_s=5).start()
+    yield canned
+    canned.stop()
+
+
+def prompts_file(tmp_path, contents):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(
+        "".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": c}]}) + "\n" for i, c in enumerate(contents))
+    )
+    return path
+
+
+def config_for(tmp_path, server, contents, **api):
+    api = {
+        "base_url": server.base_url,
+        "provider": "openai",
+        "api_key_env": None,
+        "concurrency": 8,
+        "timeout_s": 1.0,
+        "max_retries": 3,
+        "backoff_base_s": 0.01,
+        "backoff_max_s": 2.0,
+        **api,
+    }
+    return RunConfig(
+        name="gen",
+        runs_dir=tmp_path / "runs",
+        generate=GenerateConfig(
+            sources=[SourceConfig(name="t", format="openai", path=str(prompts_file(tmp_path, contents)))],
+            api=ApiConfig(**api),
+            request=RequestConfig(max_tokens=16),
+            journal_batch=2,
+        ),
+    )
+
+
+def outcome(config):
+    gen = config.run_dir / "generations"
+    done = read_table("generations", gen).column("id").to_pylist()
+    quarantined = pq.read_table(gen / "quarantine.parquet").to_pylist()
+    return done, {q["id"]: q for q in quarantined}
+
+
+def test_every_fault_is_retried_until_done_or_quarantined_with_a_reason(tmp_path, server):
+    contents = [f"fault={f} row {i}" for i, f in enumerate(FAULTS)] + ["fault=400 bad", "fault=500,500,500,500 gone", "plain"]
+    config = config_for(tmp_path, server, contents)
+    summary = run_generate(config)
+    done, quarantined = outcome(config)
+    ids = [f"t:p{i}" for i in range(len(contents))]
+    assert sorted(done + list(quarantined)) == sorted(ids)  # each id exactly once, one way or the other
+    assert len(done) == len(set(done)) == len(FAULTS) + 1
+    assert quarantined["t:p11"]["reason"] == "http_400" and "injected 400" in quarantined["t:p11"]["detail"]
+    assert quarantined["t:p12"]["reason"] == "http_500" and "4 attempt(s)" in quarantined["t:p12"]["detail"]
+    for i, fault in enumerate(FAULTS):  # n injected faults -> n + 1 requests, then a reply
+        assert server.requests[contents[i]] == len(fault.split(",")) + 1, fault
+    assert server.requests["fault=400 bad"] == 1  # permanent: never retried
+    assert server.requests["fault=500,500,500,500 gone"] == 4
+    assert summary["rows"] == len(FAULTS) + 1 and summary["failed"] == 2
+    report = json.loads((config.run_dir / "generations" / "summary.json").read_text())
+    assert report["errors_by_kind"] == {"http_400": 1, "http_500": 1}
+    assert report["by_finish_reason"] == {"stop": len(FAULTS) + 1}
+    assert report["latency_p50_s"] is not None and report["tokens_out"] == 4 * (len(FAULTS) + 1)
+
+
+def test_rerun_retries_exhausted_failures_but_never_permanent_ones_or_finished_rows(tmp_path, server):
+    config = config_for(tmp_path, server, ["fault=500,500 flaky", "fault=400 bad", "fine"], max_retries=1)
+    run_generate(config)
+    assert outcome(config)[0] == ["t:p2"]
+    second = run_generate(config)
+    done, quarantined = outcome(config)
+    assert sorted(done) == ["t:p0", "t:p2"] and list(quarantined) == ["t:p1"]
+    assert second["requested_this_run"] == 1
+    assert server.requests["fine"] == 1 and server.requests["fault=400 bad"] == 1
+    assert server.requests["fault=500,500 flaky"] == 3
+
+
+def test_retry_after_is_honoured(tmp_path, server):
+    config = config_for(tmp_path, server, ["fault=429ra wait"], backoff_max_s=5.0)
+    started = time.monotonic()
+    run_generate(config)
+    assert time.monotonic() - started >= 1.0  # the server said Retry-After: 1; backoff alone is ~10 ms
+    assert parse_retry_after("2.5") == 2.5 and parse_retry_after(None) is None
+    assert 0 <= parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") < 1
+
+
+def test_402_stops_cleanly_and_a_rerun_finishes_without_repeating(tmp_path, server):
+    contents = ["one", "two", "fault=402 broke", "four", "five"]
+    config = config_for(tmp_path, server, contents, concurrency=1)
+    summary = run_generate(config)
+    done, quarantined = outcome(config)
+    assert summary["stopped"] == "out_of_credits"
+    assert done == ["t:p0", "t:p1"]
+    assert {quarantined[f"t:p{i}"]["reason"] for i in (2, 3, 4)} == {"not_sent"}
+    assert len(read_journal(config.run_dir / "generations" / "journal.jsonl").done) == 2
+    run_generate(config)
+    done, quarantined = outcome(config)
+    assert done == [f"t:p{i}" for i in range(5)] and not quarantined
+    assert [server.requests[c] for c in contents] == [1, 1, 2, 1, 1]
+
+
+def test_budget_stops_the_run_with_everything_finished_journaled(tmp_path, server):
+    config = config_for(tmp_path, server, [f"row {i}" for i in range(10)], concurrency=1)
+    config.generate.budget_usd = 0.00025  # canned replies cost $0.0001 each
+    summary = run_generate(config)
+    assert summary["stopped"] == "budget" and summary["rows"] == 3
+    assert sum(server.requests.values()) == 3
+    again = run_generate(config)  # the budget counts what earlier runs spent
+    assert again["stopped"] == "budget" and sum(server.requests.values()) == 3
+
+
+def test_sentinel_api_key_reaches_no_file_and_no_log(tmp_path, server, monkeypatch, caplog, capfd):
+    sentinel = "sk-or-v1-SENTINEL0123456789abcdef"
+    monkeypatch.setenv("DRAFTSMITH_TEST_KEY", sentinel)
+    config = config_for(tmp_path, server, ["fault=echo401 leak", "fault=500 retry", "fine"], api_key_env="DRAFTSMITH_TEST_KEY")
+    with caplog.at_level(logging.DEBUG):
+        run_generate(config)
+    assert server.headers_seen and all(h == f"Bearer {sentinel}" for h in server.headers_seen)
+    _, quarantined = outcome(config)
+    assert "***" in quarantined["t:p0"]["detail"]  # the echoed header was redacted, not dropped
+    files = [p for p in config.run_dir.rglob("*") if p.is_file()]
+    assert len(files) >= 4
+    for path in files:
+        assert sentinel.encode() not in path.read_bytes(), path
+    captured = capfd.readouterr()
+    assert sentinel not in caplog.text + captured.out + captured.err
+
+
+def test_missing_key_names_the_variable_not_a_value(tmp_path, server, monkeypatch):
+    from tasks.generate.stage import MissingApiKeyError
+
+    monkeypatch.delenv("DRAFTSMITH_ABSENT_KEY", raising=False)
+    config = config_for(tmp_path, server, ["x"], api_key_env="DRAFTSMITH_ABSENT_KEY", provider="openrouter")
+    with pytest.raises(MissingApiKeyError, match="DRAFTSMITH_ABSENT_KEY"):
+        run_generate(config)
+
+
+def test_redact_removes_bearer_values_and_the_key():
+    text = redact('{"Authorization": "Bearer abc.def"} key=s3cret', "s3cret")
+    assert "abc.def" not in text and "s3cret" not in text
+
+
+def test_journal_drops_a_torn_last_line_and_appends_cleanly(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    with JournalWriter(path, batch=1) as journal:
+        journal.append({"status": "done", "id": "a"})
+        journal.append({"status": "done", "id": "b"})
+    with open(path, "ab") as f:
+        f.write(b'{"status": "done", "id": "c", "cont')  # killed mid-write
+    state = read_journal(path, repair=True)
+    assert set(state.done) == {"a", "b"} and state.torn_lines == 1
+    with JournalWriter(path, batch=1) as journal:
+        journal.append({"status": "done", "id": "c"})
+    state = read_journal(path)
+    assert set(state.done) == {"a", "b", "c"} and state.torn_lines == 0
+
+
+def test_provider_options_are_passed_where_the_server_reads_them():
+    from tasks.generate.client import ChatClient, static_body
+
+    request = RequestConfig(
+        reasoning={"effort": "high"},
+        provider_routing={"order": ["a"], "quantizations": ["fp8"], "require_parameters": True},
+        return_token_ids=True,
+        logprobs=True,
+        top_logprobs=2,
+        chat_template_kwargs={"enable_thinking": True},
+        extra_body={"min_p": 0.05},
+    )
+    routed = static_body(ApiConfig(provider="openrouter"), request, "m")
+    assert routed["reasoning"] == {"effort": "high"} and routed["provider"]["quantizations"] == ["fp8"]
+    assert routed["usage"] == {"include": True} and "return_token_ids" not in routed and routed["min_p"] == 0.05
+    served = static_body(ApiConfig(provider="vllm"), request, "m")
+    assert served["return_token_ids"] and served["chat_template_kwargs"] == {"enable_thinking": True}
+    assert served["logprobs"] and served["top_logprobs"] == 2 and "provider" not in served
+    client = ChatClient(ApiConfig(provider="vllm"), request, "m", None, "http://127.0.0.1:1/v1")
+    prompt = {"id": "s:1", "messages": '[{"role": "user", "content": "hi"}]', "tools": "[]"}
+    body = json.loads(client.body(prompt))
+    assert body["messages"][0]["content"] == "hi" and body["tools"] == []
+    assert json.loads(client.body(prompt))["seed"] == body["seed"]  # a fixed seed per request id
