@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class StrictModel(BaseModel):
@@ -39,13 +39,16 @@ class TargetConfig(StrictModel):
     # Remote code runs arbitrary Python from the model repo: off unless asked for (Kimi needs it).
     trust_remote_code: bool = False
     # "template" uses the tokenizer's own chat template; other values name a format adapter
-    # for targets whose template cannot express a generated turn.
+    # for targets whose template cannot express a generated turn: "inline-reasoning" puts the
+    # reasoning in the content as a <think> block, "inline-hermes" also the tool calls as
+    # <tool_call> JSON (tasks/reconstruct/adapters.py).
     chat_format: str = "template"
     # Special-token ids the config pins, by token text; preflight checks each against the tokenizer.
     special_tokens: dict[str, int] = Field(default_factory=dict)
     # Extra marker texts to verify beyond those found in the chat template.
     extra_markers: list[str] = Field(default_factory=list)
-    # A Jinja chat template file used instead of the tokenizer's own (or where it has none).
+    # A Jinja chat template file used instead of the tokenizer's own (or where it has none, e.g.
+    # tasks/reconstruct/templates/deepseek-v3.jinja for the DeepSeek-V4 tokenizer).
     chat_template: Path | None = None
     # Text of the end-of-turn token; None resolves it from the template (then eos).
     end_of_turn: str | None = None
@@ -69,6 +72,8 @@ class SourceConfig(StrictModel):
     limit: int | None = Field(None, gt=0)
     # Rows to skip first, so several runs can draw disjoint slices.
     offset: int = Field(0, ge=0)
+    # Prompts longer than this (characters over all turns) are quarantined before any request is paid.
+    max_prompt_chars: int | None = Field(None, gt=0)
 
 
 class ApiConfig(StrictModel):
@@ -92,6 +97,14 @@ class ApiConfig(StrictModel):
     backoff_base_s: float = Field(1.0, gt=0)
     # Cap on one backoff, including a server's Retry-After.
     backoff_max_s: float = Field(60.0, gt=0)
+    # Embedded server only: torch threads (1 keeps it steady when other processes share the cores).
+    server_threads: int = Field(1, gt=0)
+    # Embedded server only: most sequences decoded together in one forward pass.
+    server_max_batch: int = Field(16, gt=0)
+    # Embedded server only: compute dtype; auto = bf16 where the CPU has native bf16 (~2x faster), else fp32.
+    server_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # Embedded server only: seconds to wait for it to load the model and answer /health.
+    server_startup_s: float = Field(180.0, gt=0)
 
 
 class RequestConfig(StrictModel):
@@ -119,6 +132,8 @@ class RequestConfig(StrictModel):
 
 
 class GenerateConfig(StrictModel):
+    """Prompt sources, the API to call, and the limits of one generation run."""
+
     sources: list[SourceConfig] = Field(default_factory=list)
     api: ApiConfig = Field(default_factory=ApiConfig)
     request: RequestConfig = Field(default_factory=RequestConfig)
@@ -140,6 +155,10 @@ class ReconstructConfig(StrictModel):
     )
     # Rows per worker shard (Prefect task); coarse shards keep orchestration overhead small.
     shard_rows: int = Field(5000, gt=0)
+    # Rows per encode batch inside a shard; the next chunk renders while this one encodes.
+    pipeline_rows: int = Field(1000, gt=0)
+    # Threads encoding chunks at once (the tokenizer releases the GIL): about the cores a shard may use.
+    encode_threads: int = Field(2, gt=0)
 
 
 class ValidationConfig(StrictModel):
@@ -188,23 +207,45 @@ class MergeConfig(StrictModel):
     # Gate: realised source share may differ from the requested one by this much (absolute).
     share_tolerance: float = Field(0.05, ge=0, le=1)
 
+    @field_validator("sources")
+    @classmethod
+    def _unique_names(cls, sources: list[MergeSourceConfig]) -> list[MergeSourceConfig]:
+        names = [s.name for s in sources]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"source names must be unique; repeated: {repeated}")
+        return sources
+
+    @field_validator("eval_size")
+    @classmethod
+    def _whole_count(cls, value: float) -> float:
+        if value >= 1 and value != int(value):
+            raise ValueError(f"eval_size >= 1 is a row count and must be whole (got {value})")
+        return value
+
 
 # --------------------------------------------------------------------------- extract
 
 
 class ExtractConfig(StrictModel):
+    """How the target's hidden states are captured and stored for offline training."""
+
+    # The engine that runs the target; transformers is the one implemented (see tasks/extract/backend.py).
     backend: Literal["transformers"] = "transformers"
     # HF hidden_states indices (= input of decoder layer i); None = [2, L//2, L-3] as EAGLE-3.
     aux_layer_ids: list[int] | None = None
     # Padded tokens per forward batch; rows are sorted by length and packed to this budget.
     batch_tokens: int = Field(4096, gt=0)
-    # Compute dtype; storage is always bf16.
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    # Compute dtype; storage is always bf16. "auto": bf16 on CUDA or a CPU with native bf16, else
+    # fp32 (emulated bf16 on an AVX2-only CPU ran ~5x slower than fp32).
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # "auto" picks CUDA when present.
     device: str = "auto"
-    # Tokens per safetensors shard (one shard is also the unit of resume).
+    # Tokens per safetensors shard (one shard is also the unit of resume); 65k tokens ~ 300 MB at H=576.
     shard_tokens: int = Field(65_536, gt=0)
-    # Gate: mean L2 norm per stored state must lie in this range.
+    # CPU only: torch threads; None keeps torch's default (size it when other processes share the cores).
+    cpu_threads: int | None = Field(None, gt=0)
+    # Gate: each shard's mean L2 norm per stored state (3 aux + final) must lie in this range.
     norm_range: tuple[float, float] = (1e-3, 1e4)
 
 
@@ -228,10 +269,24 @@ class TrainConfig(StrictModel):
     grad_clip: float = Field(0.5, gt=0)
     dtype: Literal["float32", "bfloat16"] = "float32"
     checkpoint_every: int = Field(50, gt=0)
+    # Checkpoints kept on disk (newest first); older ones are deleted after each save.
+    keep_checkpoints: int = Field(2, gt=0)
     seed: int = 0
     device: str = "auto"
-    # Draft config fields to override (hidden_size, num_attention_heads, ...).
+    # Draft config fields to override (intermediate_size, num_attention_heads, ...).
     draft_overrides: dict[str, Any] = Field(default_factory=dict)
+    # What unrolled steps read as their token: the draft's own argmax (as at inference) or the data.
+    ttt_feed: Literal["predicted", "data"] = "predicted"
+    # Start lm_head from the target's lm_head rows of the draft vocab (a far better start than noise).
+    init_lm_head_from_target: bool = True
+    # Processes for data-parallel training; >1 launches `torchrun` (gloo on CPU, nccl on GPUs).
+    processes: int = Field(1, gt=0)
+    # torch threads per training process (CPU); size it to the cores you have.
+    threads_per_rank: int = Field(1, gt=0)
+    # Weights dtype in the exported model.safetensors (what serving engines load).
+    export_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    # Layer-id convention written to config.json: SGLang adds 1 to the ids it reads, vLLM does not.
+    export_engine: Literal["sglang", "vllm"] = "sglang"
 
 
 class EvaluateConfig(StrictModel):

@@ -56,3 +56,27 @@ def deepseek_tokenizer(deepseek_target):
     from tasks.target.loader import load_tokenizer
 
     return load_tokenizer(deepseek_target)
+
+
+@pytest.fixture(scope="session")
+def sampled_generations(demo_tokenizer, demo_model):
+    """Generation rows sampled from the demo model (T=0.7) with true prompt/completion ids and logprob bytes."""
+    import torch
+
+    from tasks.reconstruct.tokens import resolve_end_of_turn
+    from tasks.validate.sample import sample_generations
+
+    torch.set_num_threads(1)
+    prompts = [
+        [{"role": "user", "content": q}]
+        for q in [
+            "List three prime numbers.",
+            "Write a haiku about rain.",
+            "Give a Python function that adds two numbers.",
+            "What is the boiling point of water?",
+            "Name two colours of the rainbow.",
+            "Explain recursion in one sentence.",
+        ]
+    ]
+    end_of_turn = resolve_end_of_turn(demo_tokenizer, None, "template")
+    return sample_generations(demo_model, demo_tokenizer, prompts, end_of_turn, max_new_tokens=24, batch_size=6)

@@ -1,0 +1,133 @@
+"""The three ways to get a row's training ids: server ids, logprob bytes, or one-pass re-encoding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+
+from tasks.reconstruct.mask import mask_from_offsets, run_masks
+from tasks.reconstruct.render import ChatTurn, RenderedTurn, RowError
+from tasks.reconstruct.tokens import ByteVocab, EndOfTurn, round_trips
+
+
+@dataclass
+class Rebuilt:
+    """Training ids of one conversation and how they were obtained."""
+
+    input_ids: np.ndarray  # (T,) int32
+    loss_mask: np.ndarray  # (T,) int8
+    method: str
+    round_trip: bool
+
+
+def completion_ids(token_ids: list[int], end_of_turn: EndOfTurn, truncated: bool) -> list[int]:
+    """Server completion ids closed by the end-of-turn token (some servers leave it out of the list)."""
+    ids = list(token_ids)
+    if not truncated and (not ids or ids[-1] != end_of_turn.id):
+        ids.append(end_of_turn.id)
+    return ids
+
+
+def truth_ids(row: dict, end_of_turn: EndOfTurn) -> list[int] | None:
+    """Ground-truth ids of a generations row (prompt + completion), or None when the server gave none."""
+    if row.get("prompt_token_ids") is None or row.get("token_ids") is None:
+        return None
+    truncated = row.get("finish_reason") == "length"
+    return list(row["prompt_token_ids"]) + completion_ids(row["token_ids"], end_of_turn, truncated)
+
+
+def _check_decode(
+    tokenizer, turn: ChatTurn, rendered: RenderedTurn, prompt: list[int], completion: list[int], field: str
+) -> None:
+    """Raise unless the prompt ids decode to the rendered prompt and the completion ids to the stored reply."""
+    got_prompt = tokenizer.decode(prompt, skip_special_tokens=False)
+    if got_prompt != rendered.text[: rendered.gen_start]:
+        raise RowError(
+            "ids_text_mismatch", "prompt_token_ids",
+            f"row {turn.id!r}: prompt ids decode to text that differs from the rendered prompt "
+            f"at char {_first_difference(got_prompt, rendered.text[: rendered.gen_start])}",
+        )
+    want = rendered.text[rendered.gen_start : rendered.gen_end]
+    got = tokenizer.decode(completion, skip_special_tokens=False)
+    if got != want:
+        at = _first_difference(got, want)
+        raise RowError(
+            "ids_text_mismatch", field,
+            f"row {turn.id!r}: {field} decode to {got[max(0, at - 20): at + 20]!r} where the stored reply "
+            f"renders {want[max(0, at - 20): at + 20]!r} (char {at})",
+        )
+
+
+def _first_difference(a: str, b: str) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _assemble(prompt: list[int], completion: list[int], method: str) -> Rebuilt:
+    ids = np.asarray(prompt + completion, dtype=np.int32)
+    mask = np.zeros(len(ids), dtype=np.int8)
+    mask[len(prompt):] = 1
+    return Rebuilt(ids, mask, method, True)
+
+
+def from_server_ids(tokenizer, row: dict, turn: ChatTurn, rendered: RenderedTurn, end_of_turn: EndOfTurn) -> Rebuilt:
+    """Use the server's prompt and completion ids as they are, once they decode to the stored text."""
+    prompt = list(row["prompt_token_ids"])
+    completion = completion_ids(row["token_ids"], end_of_turn, turn.truncated)
+    _check_decode(tokenizer, turn, rendered, prompt, completion, "token_ids")
+    return _assemble(prompt, completion, "server_ids")
+
+
+def from_logprobs(
+    tokenizer, vocab: ByteVocab, row: dict, turn: ChatTurn, rendered: RenderedTurn, end_of_turn: EndOfTurn
+) -> Rebuilt:
+    """Map each logprob entry's true bytes to its id; the prompt is the server's ids or the rendered prompt encoded."""
+    completion = []
+    for i, entry in enumerate(row["logprob_tokens"]):
+        token_id = vocab.lookup(entry.get("token"), entry.get("bytes"))
+        if token_id is None:
+            raise RowError(
+                "logprob_unmapped", "logprob_tokens",
+                f"row {turn.id!r}: logprob_tokens[{i}] {entry.get('token')!r} has no id in the vocabulary",
+            )
+        completion.append(token_id)
+    completion = completion_ids(completion, end_of_turn, turn.truncated)
+    if row.get("prompt_token_ids") is not None:
+        prompt = list(row["prompt_token_ids"])
+    else:  # the server encodes the rendered prompt on its own, so one pass over it is what it saw
+        prompt = tokenizer.backend_tokenizer.encode(rendered.text[: rendered.gen_start], add_special_tokens=False).ids
+    _check_decode(tokenizer, turn, rendered, prompt, completion, "logprob_tokens")
+    return _assemble(prompt, completion, "logprobs")
+
+
+def reencode(tokenizer, rendered: list[RenderedTurn]) -> list[Rebuilt]:
+    """Encode each whole rendered conversation in one pass; the mask is the token run covering the reply."""
+    if not rendered:
+        return []
+    backend = tokenizer.backend_tokenizer
+    encodings = backend.encode_batch([r.text for r in rendered], add_special_tokens=False)
+    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+    flat = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int32, count=int(lengths.sum()))
+    first = np.empty(len(rendered), dtype=np.int64)
+    last = np.empty(len(rendered), dtype=np.int64)
+    for i, (enc, r) in enumerate(zip(encodings, rendered, strict=True)):
+        # The tokenizer's offset mapping gives the tokens holding the reply's first and last characters.
+        a, b = enc.char_to_token(r.gen_start), enc.char_to_token(r.gen_end - 1)
+        if a is None or b is None:
+            a, b = _run_from_offsets(np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2), r)
+        first[i], last[i] = a, b
+    masks = run_masks(lengths, first, last)  # (sum T,)
+    splits = np.cumsum(lengths)[:-1]
+    ids, masks = np.split(flat, splits), np.split(masks, splits)
+    checks = round_trips(tokenizer, ids, [r.text for r in rendered])
+    return [Rebuilt(i, m, "reencode", ok) for i, m, ok in zip(ids, masks, checks, strict=True)]
+
+
+def _run_from_offsets(offsets: np.ndarray, rendered: RenderedTurn) -> tuple[int, int]:
+    """First and last token overlapping the reply, from offsets (for characters no token claims)."""
+    hits = np.flatnonzero(mask_from_offsets(offsets, rendered.gen_start, rendered.gen_end))
+    return (int(hits[0]), int(hits[-1])) if hits.size else (0, -1)

@@ -1,0 +1,127 @@
+"""Reconstruct stage: generations/part-* -> reconstructed/part-* by row-range shards, resumable."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from prefect import task
+
+from tasks.config import RunConfig
+from tasks.contracts import read_table, schema, write_table
+from tasks.reconstruct.rebuild import rebuild_rows
+from tasks.reconstruct.tokens import resolve_end_of_turn
+from tasks.target.loader import load_tokenizer
+
+STAGE_DIR = "reconstructed"
+GATE_COLUMNS = ["id", "num_tokens", "num_trained", "last_trained_id", "round_trip", "finish_reason"]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows [start, stop) of one generations file, and where their output goes."""
+
+    source_file: str
+    start: int
+    stop: int
+    output: str
+    quarantine: str
+
+
+def out_dir(config: RunConfig) -> Path:
+    return config.run_dir / STAGE_DIR
+
+
+def plan_shards(config: RunConfig) -> list[Shard]:
+    """One shard per `shard_rows` rows of each generations part; output names follow the input names."""
+    out = out_dir(config)
+    shards = []
+    for path in sorted((config.run_dir / "generations").glob("part-*.parquet")):
+        rows = pq.ParquetFile(path).metadata.num_rows
+        for k in range(math.ceil(rows / config.reconstruct.shard_rows)):
+            start = k * config.reconstruct.shard_rows
+            name = f"{path.stem}-{k:04d}.parquet"
+            shards.append(Shard(str(path), start, min(rows, start + config.reconstruct.shard_rows),
+                                str(out / name), str(out / f"quarantine-{name}")))
+    return shards
+
+
+def is_done(shard: Shard, force: bool) -> bool:
+    """A shard is done when both outputs exist and are newer than its input."""
+    if force:
+        return False
+    outputs = [Path(shard.output), Path(shard.quarantine)]
+    source_time = Path(shard.source_file).stat().st_mtime
+    return all(p.exists() and p.stat().st_mtime >= source_time for p in outputs)
+
+
+def reconstruct_shard(config: RunConfig, shard: Shard) -> dict:
+    """Rebuild one shard (skipped when already done); returns counts, never the rows."""
+    if is_done(shard, STAGE_DIR in config.orchestration.force or "reconstruct" in config.orchestration.force):
+        rows, refused = (pq.ParquetFile(p).metadata.num_rows for p in (shard.output, shard.quarantine))
+        return {"output": shard.output, "rows": rows, "quarantined": refused, "skipped": True}
+    tokenizer = load_tokenizer(config.target)
+    rows = read_table("generations", Path(shard.source_file)).slice(shard.start, shard.stop - shard.start).to_pylist()
+    result = rebuild_rows(tokenizer, rows, config.target, config.reconstruct)
+    write_table("quarantine", result.quarantine, Path(shard.quarantine))
+    write_table("reconstructed", result.table, Path(shard.output))
+    return {"output": shard.output, "rows": result.table.num_rows, "quarantined": len(result.quarantine), "skipped": False}
+
+
+def remove_stale(config: RunConfig, shards: list[Shard]) -> None:
+    """Drop outputs of shards no longer planned (fewer generations, another shard size)."""
+    keep = {Path(s.output).name for s in shards} | {Path(s.quarantine).name for s in shards}
+    for path in list(out_dir(config).glob("part-*.parquet")) + list(out_dir(config).glob("quarantine-part-*.parquet")):
+        if path.name not in keep:
+            path.unlink()
+
+
+def collect_quarantine(config: RunConfig, shards: list[Shard]) -> tuple[Path, int]:
+    """Concatenate the shards' quarantine records into reconstructed/quarantine.parquet."""
+    tables = [pq.read_table(s.quarantine) for s in shards if Path(s.quarantine).exists()]
+    table = pa.concat_tables(tables) if tables else schema("quarantine").empty_table()
+    path = write_table("quarantine", table, out_dir(config) / "quarantine.parquet")
+    return path, table.num_rows
+
+
+def gate_frame(config: RunConfig) -> pd.DataFrame:
+    """Scalar columns of the reconstructed table for the `reconstructed` suite."""
+    return read_table("reconstructed", out_dir(config), columns=GATE_COLUMNS).to_pandas()
+
+
+def gate_parameters(config: RunConfig) -> dict:
+    tokenizer = load_tokenizer(config.target)
+    end_of_turn = resolve_end_of_turn(tokenizer, config.target.end_of_turn, config.target.chat_format)
+    return {"end_of_turn_ids": [end_of_turn.id], "max_length": config.target.max_length}
+
+
+def summarize(config: RunConfig, shards: list[Shard], results: list[dict]) -> dict:
+    """Finish the stage: stale outputs removed, quarantine collected, counts by method."""
+    remove_stale(config, shards)
+    quarantine_path, quarantined = collect_quarantine(config, shards)
+    methods = read_table("reconstructed", out_dir(config), columns=["method"]).column("method").to_pylist()
+    return {
+        "reconstructed": str(out_dir(config)),
+        "quarantine": str(quarantine_path),
+        "rows": sum(r["rows"] for r in results),
+        "quarantined": quarantined,
+        "shards": len(shards),
+        "shards_skipped": sum(r["skipped"] for r in results),
+        "methods": {m: methods.count(m) for m in sorted(set(methods))},
+    }
+
+
+def run_reconstruct(config: RunConfig) -> dict:
+    """The whole stage in-process, shard by shard (the flow runs the same shards as tasks and gates them)."""
+    shards = plan_shards(config)
+    return summarize(config, shards, [reconstruct_shard(config, s) for s in shards])
+
+
+@task(name="reconstruct-shard", persist_result=False)
+def reconstruct_shard_task(config: RunConfig, shard: Shard) -> dict:
+    """One shard as a Prefect task; resume is by the shard's output files, not a result cache."""
+    return reconstruct_shard(config, shard)

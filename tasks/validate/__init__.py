@@ -1,0 +1,1 @@
+"""Validate stage: how far the rebuilt ids can be trusted, per row and per source."""

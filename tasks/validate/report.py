@@ -1,0 +1,57 @@
+"""Per-source rates and the markdown report of the validate stage."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from tasks.validate.classify import BPE_ONLY, CLASSES, SEMANTIC
+
+RATE_COLUMNS = ["source", "mode", "rows", "verified", *CLASSES, "semantic_rate", "bpe_only_rate"]
+
+
+def rates_frame(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (source, mode): class counts, and rates over verified rows (0 when none are verified)."""
+    if rows.empty:
+        return pd.DataFrame({c: pd.Series(dtype="float64" if c.endswith("_rate") else "object") for c in RATE_COLUMNS})
+    counts = pd.crosstab([rows["source"], rows["mode"]], rows["klass"]).reindex(columns=list(CLASSES), fill_value=0)
+    counts = counts.reset_index()
+    counts.columns.name = None
+    counts["rows"] = counts[list(CLASSES)].sum(axis=1)
+    counts["verified"] = counts["rows"] - counts["unverified"]
+    denominator = counts["verified"].where(counts["verified"] > 0, 1)
+    counts["semantic_rate"] = (counts[SEMANTIC] / denominator).astype("float64")
+    counts["bpe_only_rate"] = (counts[BPE_ONLY] / denominator).astype("float64")
+    return counts[RATE_COLUMNS].sort_values(["mode", "source"]).reset_index(drop=True)
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ") if text is not None else "-"
+
+
+def report_markdown(rates: pd.DataFrame, rows: pd.DataFrame, examples: int) -> str:
+    """Rates per source and mode, then the first examples of each mismatch class."""
+    lines = [
+        "# Validation",
+        "",
+        "`check`: rebuilt ids vs the server's ids. `simulate`: the text API played on rows with true ids, "
+        "then re-encoded. Rates are over verified rows.",
+        "",
+        "| source | mode | rows | exact | bpe_only | semantic | unverified | bpe_only rate | semantic rate |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rates.itertuples(index=False):
+        lines.append(
+            f"| {r.source} | {r.mode} | {r.rows} | {r.exact} | {r.bpe_only} | {r.semantic} | {r.unverified} "
+            f"| {r.bpe_only_rate:.2%} | {r.semantic_rate:.2%} |"
+        )
+    mismatches = rows[rows["klass"].isin([BPE_ONLY, SEMANTIC])]
+    if examples and not mismatches.empty:
+        lines += ["", "## First examples", "", "| source | mode | class | id | token | truth | rebuilt |"]
+        lines.append("|---|---|---|---|---|---|---|")
+        for _, group in mismatches.groupby(["source", "mode", "klass"], sort=True):
+            for r in group.head(examples).itertuples(index=False):
+                lines.append(
+                    f"| {r.source} | {r.mode} | {r.klass} | {_cell(r.id)} | {r.first_divergence} "
+                    f"| {_cell(r.truth_context)} | {_cell(r.rebuilt_context)} |"
+                )
+    return "\n".join(lines) + "\n"

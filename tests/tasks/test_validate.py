@@ -1,0 +1,146 @@
+"""Validate: classification, simulate mode on real sampled generations, the stage's tables and report."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tasks.config import ReconstructConfig, RunConfig, TargetConfig, ValidationConfig
+from tasks.contracts import read_table, write_table
+from tasks.gates import GateError, enforce
+from tasks.reconstruct.stage import run_reconstruct
+from tasks.reconstruct.tokens import resolve_end_of_turn
+from tasks.validate.classify import classify_ids, first_divergence, through_turn_end
+from tasks.validate.report import rates_frame
+from tasks.validate.simulate import simulate_rows, split_tool_calls
+from tasks.validate.stage import gate_frame, gate_parameters, run_validate
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_same_text_other_ids_is_bpe_only_and_shows_token_strings(demo_tokenizer):
+    canonical = encode(demo_tokenizer, "Steps:\n\n1. go")  # canonical BPE: "\n" + "\n" before a digit
+    double = encode(demo_tokenizer, "\n\n")
+    assert len(double) == 1
+    # The same text with the one-token "\n\n", as a sampling model emits it.
+    sampled = encode(demo_tokenizer, "Steps:") + double + encode(demo_tokenizer, "1. go")
+    assert canonical != sampled
+    verdict = classify_ids(demo_tokenizer, sampled, canonical, context=2)
+    assert verdict.klass == "bpe_only"
+    assert verdict.first_divergence == first_divergence(sampled, canonical)
+    assert "▶ '\\n\\n' '1'" in verdict.truth_context
+    assert "▶ '\\n' '\\n'" in verdict.rebuilt_context
+
+
+def test_different_text_is_semantic_and_equal_ids_exact(demo_tokenizer):
+    a, b = encode(demo_tokenizer, "The answer is 4."), encode(demo_tokenizer, "The answer is 5.")
+    assert classify_ids(demo_tokenizer, a, b).klass == "semantic"
+    assert classify_ids(demo_tokenizer, a, a).klass == "exact"
+    assert classify_ids(demo_tokenizer, a, a + a).klass == "semantic"  # a prefix is not a match
+
+
+def test_alignment_on_turn_end_keeps_bpe_only_rows_bpe_only(demo_tokenizer):
+    """Cutting the rebuilt ids to the true length would run into <|im_end|> and misread the row as semantic."""
+    eot = resolve_end_of_turn(demo_tokenizer, None, "template")
+    head = encode(demo_tokenizer, "<|im_start|>assistant\n")
+    truth = head + encode(demo_tokenizer, "A:") + encode(demo_tokenizer, "\n\n") + encode(demo_tokenizer, "1") + [eot.id]
+    rebuilt = head + encode(demo_tokenizer, "A:\n\n1") + [eot.id] + encode(demo_tokenizer, "\n")
+    mask = np.array([0] * len(head) + [1] * (len(rebuilt) - len(head) - 1) + [0])
+    assert classify_ids(demo_tokenizer, truth, rebuilt[: len(truth)]).klass == "semantic"
+    aligned = through_turn_end(np.array(rebuilt), mask)
+    assert classify_ids(demo_tokenizer, truth, aligned.tolist()).klass == "bpe_only"
+
+
+def test_hermes_tool_calls_split_keeps_argument_bytes():
+    text = 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a":  1 , "b": "ü"}}\n</tool_call>'
+    content, calls = split_tool_calls(text, "hermes")
+    assert content == "Sure."
+    assert calls[0]["function"] == {"name": "f", "arguments": '{"a":  1 , "b": "ü"}'}
+
+
+def test_simulate_on_sampled_generations_finds_no_semantic_rows(demo_tokenizer, sampled_generations):
+    eot = resolve_end_of_turn(demo_tokenizer, None, "template")
+    verdicts = simulate_rows(demo_tokenizer, sampled_generations, TargetConfig(), eot, context=3)
+    assert len(verdicts) == len(sampled_generations)
+    assert {v.klass for _, v in verdicts} <= {"exact", "bpe_only"}
+    for _, v in verdicts:
+        assert (v.first_divergence is None) == (v.klass == "exact")
+
+
+def test_simulate_flags_a_template_that_loses_text(demo_tokenizer, sampled_generations):
+    """A template that drops whitespace from the reply cannot rebuild what the model generated."""
+    tokenizer = demo_tokenizer.__class__(tokenizer_object=demo_tokenizer.backend_tokenizer, eos_token="<|im_end|>")
+    tokenizer.chat_template = demo_tokenizer.chat_template.replace("message['content']", "message['content'] | trim")
+    rows = [{**r, "token_ids": encode(demo_tokenizer, "  spaced out ") + [r["token_ids"][-1]], "finish_reason": "stop"}
+            for r in sampled_generations[:2]]
+    eot = resolve_end_of_turn(tokenizer, None, "template")
+    rows = [{**r, "token_ids": r["token_ids"][:-1] + [eot.id]} for r in rows]
+    verdicts = simulate_rows(tokenizer, rows, TargetConfig(), eot, context=3)
+    assert [v.klass for _, v in verdicts] == ["semantic", "semantic"]
+
+
+def test_rates_are_over_verified_rows():
+    rows = pd.DataFrame({"source": ["a"] * 4 + ["b"], "mode": ["check"] * 5,
+                         "klass": ["exact", "bpe_only", "semantic", "unverified", "unverified"]})
+    rates = rates_frame(rows).set_index("source")
+    assert rates.loc["a", "verified"] == 3 and rates.loc["a", "semantic_rate"] == pytest.approx(1 / 3)
+    assert rates.loc["b", "bpe_only_rate"] == 0.0 and rates.loc["b", "unverified"] == 1
+
+
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory, sampled_generations):
+    """Reconstruct + validate a run on disk: server-id rows, plus hand rows without ground truth."""
+    config = RunConfig(runs_dir=tmp_path_factory.mktemp("runs"), name="v", validation=ValidationConfig(examples=2))
+    plain = {"id": "plain-0", "source": "api", "messages": json.dumps([{"role": "user", "content": "Hi"}]),
+             "content": "Hello!", "finish_reason": "stop"}
+    write_table("generations", [*sampled_generations, plain], config.run_dir / "generations" / "part-00000.parquet")
+    run_reconstruct(config)
+    return config, run_validate(config)
+
+
+def test_stage_writes_one_check_row_per_rebuilt_row(validated, sampled_generations):
+    config, summary = validated
+    rows = read_table("validation", config.run_dir / "validation").to_pandas()
+    check = rows[rows["mode"] == "check"]
+    rebuilt = read_table("reconstructed", config.run_dir / "reconstructed", columns=["id"]).column("id").to_pylist()
+    assert sorted(check["id"]) == sorted(rebuilt)
+    by_id = check.set_index("id")
+    assert by_id.loc["plain-0", "klass"] == "unverified" and bool(by_id.loc["plain-0", "round_trip"])
+    assert set(check[check["source"] == "sampled"]["klass"]) == {"exact"}  # server ids validate exactly
+    simulate = rows[rows["mode"] == "simulate"]
+    assert len(simulate) == len(sampled_generations) and "semantic" not in set(simulate["klass"])
+    assert summary["classes"]["exact"] == len(sampled_generations) and summary["classes"]["unverified"] == 1
+
+
+def test_stage_report_and_gate(validated):
+    config, summary = validated
+    text = (config.run_dir / "validation" / "report.md").read_text()
+    assert "| sampled | check |" in text and "| sampled | simulate |" in text
+    frame = gate_frame(config)
+    assert set(frame["source"]) == {"sampled", "api"}
+    enforce("validation", frame, id_column="source", parameters=gate_parameters(config))
+    strict = {**gate_parameters(config), "max_semantic_rate": 0.0}
+    broken = frame.assign(semantic_rate=[0.5] + [0.0] * (len(frame) - 1))
+    with pytest.raises(GateError, match="semantic_rate"):
+        enforce("validation", broken, id_column="source", parameters=strict)
+
+
+def test_reconstructed_gate_catches_a_wrong_last_token(validated):
+    from tasks.reconstruct.stage import gate_frame as reconstructed_frame
+    from tasks.reconstruct.stage import gate_parameters as reconstructed_parameters
+
+    config, _ = validated
+    frame = reconstructed_frame(config)
+    params = reconstructed_parameters(config)
+    enforce("reconstructed", frame, parameters=params)
+    broken = frame.copy()
+    broken.loc[broken["finish_reason"] == "stop", "last_trained_id"] = 13
+    with pytest.raises(GateError) as err:
+        enforce("reconstructed", broken, parameters=params)
+    assert "last_trained_id" in str(err.value)
+    assert ReconstructConfig().methods == ["server_ids", "logprobs", "reencode"]
