@@ -1,0 +1,1 @@
+"""EAGLE-3 draft: model, draft vocabulary, training with the training-time test, export."""

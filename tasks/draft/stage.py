@@ -1,0 +1,141 @@
+"""The train stage: train (in-process or under torchrun), gate the metrics, export for SGLang/vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+from prefect import task
+
+from tasks.config import RunConfig
+from tasks.contracts import atomic_path
+from tasks.draft.checkpoint import latest_checkpoint
+from tasks.draft.curves import plot_curves
+from tasks.draft.export import export_draft
+from tasks.draft.model import DraftConfig
+from tasks.draft.train import TargetPieces, draft_dir, read_metrics, train_draft
+from tasks.gates import enforce
+
+
+def launch_torchrun(config: RunConfig) -> dict:
+    """Run the same training under `torchrun` with `train.processes` ranks; returns rank 0's summary."""
+    launch = draft_dir(config) / "launch-config.json"
+    with atomic_path(launch) as tmp:
+        tmp.write_text(config.model_dump_json(), encoding="utf-8")
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={config.train.processes}",
+        "-m",
+        "tasks.draft.train",
+        str(launch),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS=str(config.train.threads_per_rank))
+    subprocess.run(command, check=True, env=env)
+    return json.loads((draft_dir(config) / "launch-summary.json").read_text(encoding="utf-8"))
+
+
+def train_stage(config: RunConfig, pieces: TargetPieces | None = None) -> dict:
+    """Train or resume to `train.max_steps`, then draw the curves."""
+    if config.train.processes > 1:
+        summary = launch_torchrun(config)
+    else:
+        summary = train_draft(config, pieces)
+    records = read_metrics(draft_dir(config) / "metrics.jsonl")
+    plot_curves(records, draft_dir(config) / "curves.png")
+    return summary
+
+
+def metrics_frame(records: list[dict], window: int = 10) -> pd.DataFrame:
+    """One row per step with scalar columns for the gate; `loss_drop` compares the first and last windows."""
+    frame = pd.DataFrame(records)
+    frame["id"] = frame["step"].astype(str)
+    n = max(1, min(window, len(frame) // 4 or 1))
+    frame["loss_drop"] = float(frame["loss"].head(n).mean() - frame["loss"].tail(n).mean())
+    frame["acc_steps_reported"] = sum(1 for c in frame.columns if c.startswith("acc_"))
+    return frame
+
+
+def gate_train(config: RunConfig) -> dict:
+    """Loss finite and falling, accuracy reported for every unrolled step."""
+    records = read_metrics(draft_dir(config) / "metrics.jsonl")
+    if not records:
+        raise ValueError(f"train gate: no metrics in {draft_dir(config) / 'metrics.jsonl'}")
+    frame = metrics_frame(records)
+    enforce("train", frame, parameters={"ttt_steps": config.train.ttt_steps})
+    last = records[-1]
+    return {
+        "steps": last["step"],
+        "loss": last["loss"],
+        "loss_drop": float(frame["loss_drop"].iloc[0]),
+        **{k: v for k, v in last.items() if k.startswith("acc_")},
+    }
+
+
+def export_stage(config: RunConfig) -> str:
+    """Export the newest checkpoint to `draft/export/`."""
+    import torch
+
+    from tasks.target.loader import load_tokenizer
+
+    checkpoint = latest_checkpoint(draft_dir(config) / "checkpoints")
+    if checkpoint is None:
+        raise FileNotFoundError(f"export: no checkpoint in {draft_dir(config) / 'checkpoints'}")
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    tokenizer = load_tokenizer(config.target)
+    out = export_draft(
+        state["model"],
+        DraftConfig(**state["draft_config"]),
+        state["aux_layer_ids"],
+        draft_dir(config) / "export",
+        engine=config.train.export_engine,
+        dtype=config.train.export_dtype,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return str(out)
+
+
+def publish_metrics(config: RunConfig) -> None:
+    """The per-step metrics (at most 100 rows) and the run's summary as Prefect artifacts."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    records = read_metrics(draft_dir(config) / "metrics.jsonl")
+    stride = max(1, len(records) // 100)
+    keep = [k for k in records[0] if k == "step" or k == "loss" or k.startswith(("loss_", "acc_")) or k == "lr"]
+    rows = [{k: round(r[k], 5) if isinstance(r[k], float) else r[k] for k in keep} for r in records[::stride]]
+    create_table_artifact(key="train-metrics", table=rows, description="Draft training metrics per step")
+    last = records[-1]
+    lines = ["# Draft training", "", "| unrolled step | loss | accuracy |", "|---|---|---|"]
+    lines += [f"| {i} | {last[f'loss_{i}']:.4f} | {last[f'acc_{i}']:.3f} |" for i in range(config.train.ttt_steps)]
+    lines += ["", f"curves: `{draft_dir(config) / 'curves.png'}`"]
+    create_markdown_artifact(key="train-summary", markdown="\n".join(lines), description="Last step per unrolled step")
+
+
+def run_train(config: RunConfig, pieces: TargetPieces | None = None) -> dict:
+    """The whole stage without Prefect: train, gate, export."""
+    summary = train_stage(config, pieces)
+    summary["gate"] = gate_train(config)
+    summary["export"] = export_stage(config)
+    return summary
+
+
+@task(name="train-draft")
+def train_task(config: RunConfig) -> dict:
+    summary = train_stage(config)
+    publish_metrics(config)
+    return summary
+
+
+@task(name="gate-train")
+def gate_train_task(config: RunConfig) -> dict:
+    return gate_train(config)
+
+
+@task(name="export-draft")
+def export_task(config: RunConfig) -> str:
+    return export_stage(config)

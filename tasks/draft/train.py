@@ -1,0 +1,322 @@
+"""The draft training loop: offline or online rows, the training-time test, AdamW + cosine, exact resume.
+
+Runs in-process (one rank) or under `torchrun` (DDP, each rank reading its slice of every global
+batch): `torchrun --nproc-per-node 2 -m tasks.draft.train runs/demo/draft/launch-config.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tasks.config import RunConfig, TargetConfig
+from tasks.contracts import atomic_path
+from tasks.draft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from tasks.draft.data import OfflineSource, OnlineSource, collate, plan_batches, rank_slice, read_meta
+from tasks.draft.model import DraftConfig, Eagle3Draft
+from tasks.draft.ttt import target_in_vocab, unroll
+from tasks.draft.vocab import build_draft_vocab, count_trained_tokens, load_vocab, save_vocab
+from tasks.failpoints import failpoint
+
+
+@dataclass
+class TargetPieces:
+    """What training takes from the target: its config, frozen embedding and lm_head, and (online) the model."""
+
+    config: object
+    embed: torch.Tensor  # (V, H_t)
+    lm_head: torch.Tensor  # (V, H_t)
+    model: object | None = None
+
+
+_targets: dict[str, object] = {}
+
+
+def shared_target(target: TargetConfig):
+    """The fp32 target on CPU, loaded once per process: train and evaluate in one pipeline share it."""
+    from tasks.target.loader import load_model
+
+    key = target.model_dump_json()
+    if key not in _targets:
+        _targets[key] = load_model(target, dtype="float32", device="cpu")
+    return _targets[key]
+
+
+def load_target_pieces(config: RunConfig, keep_model: bool) -> TargetPieces:
+    return pieces_from_model(shared_target(config.target), keep_model)
+
+
+def pieces_from_model(model, keep_model: bool) -> TargetPieces:
+    embed = model.get_input_embeddings().weight.detach()
+    lm_head = model.get_output_embeddings().weight.detach()
+    return TargetPieces(model.config, embed, lm_head, model if keep_model else None)
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's capture layers as HF hidden_states indices (input of layers 2, L//2, L-3)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def aux_layer_ids(config: RunConfig, num_layers: int) -> list[int]:
+    if config.train.mode == "offline":
+        return list(read_meta(config.run_dir)["aux_layer_ids"])
+    return list(config.extract.aux_layer_ids or default_aux_layer_ids(num_layers))
+
+
+def cosine_schedule(step: int, warmup: int, total: int) -> float:
+    """LR multiplier: linear warmup to 1, then cosine down to 0 at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def draft_dir(config: RunConfig) -> Path:
+    return config.run_dir / "draft"
+
+
+def prepare_vocab(config: RunConfig, rows, vocab_size: int, rank: int):
+    """Build the draft vocab once (rank 0 writes it); later runs and other ranks reuse the same choice."""
+    path = draft_dir(config) / "vocab.safetensors"
+    if path.exists():
+        return load_vocab(path)
+    counts = count_trained_tokens([(r.input_ids, r.loss_mask) for r in rows], vocab_size)
+    vocab = build_draft_vocab(counts, config.train.draft_vocab_size)
+    if rank == 0:
+        save_vocab(vocab, path)
+    return vocab
+
+
+def build_draft(config: RunConfig, pieces: TargetPieces, vocab) -> Eagle3Draft:
+    """A fresh draft seeded by `train.seed`; lm_head starts from the target's rows of the draft vocab."""
+    cfg = DraftConfig.from_target(pieces.config, vocab.size, config.train.draft_overrides)
+    torch.manual_seed(config.train.seed)
+    draft = Eagle3Draft(cfg, pieces.embed, vocab.d2t, vocab.t2d)
+    if config.train.init_lm_head_from_target:
+        with torch.no_grad():
+            draft.lm_head.weight.copy_(pieces.lm_head[vocab.draft_to_target])
+    return draft
+
+
+# Settings that may change between resumes without invalidating the checkpoints.
+RESUMABLE_FIELDS = {
+    "max_steps",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "processes",
+    "threads_per_rank",
+    "device",
+    "export_dtype",
+    "export_engine",
+}
+
+
+def data_fingerprint(config: RunConfig) -> str:
+    """Names and sizes of the files training reads; a re-extracted or re-merged input changes it."""
+    folder = config.run_dir / ("hidden_states" if config.train.mode == "offline" else "merged/train")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
+    listing = "\n".join(f"{p.relative_to(folder)}:{p.stat().st_size}" for p in files)
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def reset_if_changed(config: RunConfig) -> None:
+    """Start over when the training setup differs from the one that wrote `draft/` (else resume)."""
+    out = draft_dir(config)
+    key = {k: v for k, v in config.train.model_dump(mode="json").items() if k not in RESUMABLE_FIELDS}
+    key["target"] = config.target.model_dump(mode="json")
+    key["data"] = data_fingerprint(config)
+    path = out / "train-key.json"
+    if path.exists() and json.loads(path.read_text(encoding="utf-8")) == key:
+        return
+    for stale in ("checkpoints", "export"):
+        shutil.rmtree(out / stale, ignore_errors=True)
+    for stale in ("vocab.safetensors", "metrics.jsonl", "curves.png"):
+        (out / stale).unlink(missing_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(key, sort_keys=True), encoding="utf-8")
+
+
+def write_metrics(path: Path, records: list[dict]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def train_draft(
+    config: RunConfig,
+    pieces: TargetPieces | None = None,
+    rank: int = 0,
+    world: int = 1,
+    until_step: int | None = None,
+) -> dict:
+    """Train (or resume) to `train.max_steps`, or stop after `until_step`; returns a small summary."""
+    tc = config.train
+    out = draft_dir(config)
+    device = _device(tc.device, rank)
+    if rank == 0:
+        reset_if_changed(config)
+    if world > 1:
+        dist.barrier()
+    pieces = pieces or load_target_pieces(config, keep_model=tc.mode == "online")
+    layer_ids = aux_layer_ids(config, pieces.config.num_hidden_layers)
+    if tc.mode == "offline":
+        source = OfflineSource(config.run_dir, "train")
+    else:
+        source = OnlineSource(config.run_dir, pieces.model, layer_ids, "train")
+    if not source.rows:
+        raise ValueError(f"train: no training rows under {config.run_dir} (mode={tc.mode})")
+    vocab = prepare_vocab(config, source.rows, pieces.config.vocab_size, rank)
+    draft = build_draft(config, pieces, vocab).to(device)
+    lm_head_full = pieces.lm_head.to(device)
+    draft_lm_head = lm_head_full[vocab.draft_to_target.to(device)]  # (N, H_t)
+
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_schedule(s, tc.warmup_steps, tc.max_steps))
+    step, epoch, position = 0, 0, 0
+    checkpoint = latest_checkpoint(out / "checkpoints")
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, draft, optimizer, scheduler)
+        step, epoch, position = state["step"], state["epoch"], state["position"]
+    model = draft
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(draft)
+    metrics_path = out / "metrics.jsonl"
+    records = [r for r in read_metrics(metrics_path) if r["step"] <= step] if rank == 0 else []
+    lengths = [len(r.input_ids) for r in source.rows]
+    in_vocab_cache: dict[int, torch.Tensor] = {}
+    stop = min(tc.max_steps, until_step or tc.max_steps)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16")
+    started, tokens_seen = time.perf_counter(), 0
+
+    while step < stop:
+        batches = plan_batches(lengths, tc.batch_tokens * world, tc.seed, epoch)
+        if position >= len(batches):
+            epoch, position = epoch + 1, 0
+            continue
+        global_rows = batches[position]
+        mine, idle = rank_slice(global_rows, rank, world)
+        batch = collate([source.rows[i] for i in mine], source.features(mine))
+        if idle:
+            batch["loss_mask"].zero_()
+        batch = {k: v.to(device) for k, v in batch.items()}
+        batch["in_vocab"] = _in_vocab(mine, lengths, batch, in_vocab_cache, lm_head_full, draft.t2d)
+        with autocast:
+            scores = unroll(model, batch, draft_lm_head, tc.ttt_steps, tc.ttt_feed)
+        totals = torch.stack([torch.stack([s.count, s.correct, s.loss_sum.detach()]) for s in scores])  # (k, 3)
+        if world > 1:
+            dist.all_reduce(totals)
+        # Each step's loss is a mean over the global batch; DDP averages gradients, hence the * world.
+        loss = sum(tc.ttt_decay**i * s.loss_sum / totals[i, 0].clamp(min=1) for i, s in enumerate(scores)) * world
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        step, position = step + 1, position + 1
+        tokens_seen += sum(lengths[i] for i in global_rows)
+        if rank == 0:
+            records.append(_record(step, totals, tc.ttt_decay, scheduler, grad_norm, tokens_seen, started))
+        if step % tc.checkpoint_every == 0 or step == stop:
+            if rank == 0:
+                save_checkpoint(
+                    out / "checkpoints",
+                    draft,
+                    optimizer,
+                    scheduler,
+                    {
+                        "step": step,
+                        "epoch": epoch,
+                        "position": position,
+                        "draft_config": draft.cfg.to_dict(),
+                        "aux_layer_ids": layer_ids,
+                    },
+                    keep=tc.keep_checkpoints,
+                )
+                write_metrics(metrics_path, records)
+                failpoint("train.checkpoint")
+            if world > 1:
+                dist.barrier()
+    elapsed = time.perf_counter() - started
+    if rank == 0:
+        write_metrics(metrics_path, records)
+    return {
+        "step": step,
+        "tokens_per_s": tokens_seen / elapsed if elapsed > 0 and tokens_seen else None,
+        "draft_vocab_size": vocab.size,
+        "vocab_coverage": vocab.coverage(),
+        "aux_layer_ids": layer_ids,
+    }
+
+
+def _device(name: str, rank: int) -> torch.device:
+    from tasks.target.loader import pick_device
+
+    picked = pick_device(name)
+    return torch.device(f"cuda:{rank}" if picked == "cuda" else picked)
+
+
+def _in_vocab(rows, lengths, batch, cache: dict, lm_head: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool, the target argmax is draftable; the full-vocab argmax is computed once per row."""
+    out = torch.zeros(batch["input_ids"].shape, dtype=torch.bool, device=lm_head.device)
+    for b, i in enumerate(rows):
+        if i not in cache:
+            cache[i] = target_in_vocab(batch["final"][b, : lengths[i]], lm_head, t2d)
+        out[b, : lengths[i]] = cache[i]
+    return out
+
+
+def _record(step, totals, decay, scheduler, grad_norm, tokens_seen, started) -> dict:
+    counts, correct, sums = totals[:, 0].clamp(min=1), totals[:, 1], totals[:, 2]
+    losses = (sums / counts).tolist()
+    record = {"step": step, "loss": sum(decay**i * v for i, v in enumerate(losses))}
+    record.update({f"loss_{i}": v for i, v in enumerate(losses)})
+    record.update({f"acc_{i}": v for i, v in enumerate((correct / counts).tolist())})
+    record.update(
+        {
+            "positions": int(totals[0, 0]),
+            "lr": scheduler.get_last_lr()[0],
+            "grad_norm": float(grad_norm),
+            "tokens": tokens_seen,
+            "elapsed_s": time.perf_counter() - started,
+        }
+    )
+    return record
+
+
+def main(argv: list[str]) -> None:
+    """torchrun entry: one RunConfig JSON path; rank and world size come from the environment."""
+    config = RunConfig.model_validate_json(Path(argv[0]).read_text(encoding="utf-8"))
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    torch.set_num_threads(max(1, config.train.threads_per_rank))
+    random.seed(config.train.seed)
+    if world > 1:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        summary = train_draft(config, rank=rank, world=world)
+        if rank == 0:
+            with atomic_path(draft_dir(config) / "launch-summary.json") as tmp:
+                tmp.write_text(json.dumps(summary), encoding="utf-8")
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

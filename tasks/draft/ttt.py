@@ -1,0 +1,75 @@
+"""The training-time test: unroll the draft k steps on its own outputs and score each step.
+
+Step i at position t drafts the token at t+2+i: its input is the previous step's hidden state and
+token (step 0: fc(aux[t]) and x[t+1]); its target is the target's distribution at position t+1+i,
+restricted to the draft vocab. Positions whose target argmax is outside the draft vocab, or whose
+predicted token is not trained (loss_mask 0), are masked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class StepScores:
+    """Sums over the local batch for one unrolled step; divide by a (global) count for means."""
+
+    loss_sum: torch.Tensor  # soft cross-entropy summed over valid positions (carries grad)
+    count: torch.Tensor  # valid positions
+    correct: torch.Tensor  # valid positions whose draft argmax equals the target argmax
+
+
+def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x[:, t] <- x[:, t+n], zero-filled at the end. Works on (B, T, ...)."""
+    if n == 0:
+        return x
+    out = torch.zeros_like(x)
+    if n < x.shape[1]:
+        out[:, : x.shape[1] - n] = x[:, n:]
+    return out
+
+
+@torch.no_grad()
+def target_in_vocab(final: torch.Tensor, lm_head: torch.Tensor, t2d: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+    """Whether the target's full-vocab argmax is a draft token. final (T, H_t), lm_head (V, H_t) -> (T,) bool."""
+    tops = [(final[s : s + chunk] @ lm_head.T).argmax(-1) for s in range(0, final.shape[0], chunk)]
+    return t2d[torch.cat(tops)] if tops else torch.zeros(0, dtype=torch.bool, device=final.device)
+
+
+def unroll(
+    draft: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    draft_lm_head: torch.Tensor,
+    steps: int,
+    feed: str = "predicted",
+) -> list[StepScores]:
+    """Run the training-time test on a padded batch; `draft` is an `Eagle3Draft`, possibly DDP-wrapped.
+
+    batch: input_ids (B, T), loss_mask (B, T), aux (B, T, 3*H_t), final (B, T, H_t), in_vocab (B, T) bool.
+    draft_lm_head: the target's lm_head rows of the draft vocab, (N, H_t).
+    feed: "predicted" feeds back the draft's own argmax token; "data" feeds the next data token.
+    """
+    ids, mask = batch["input_ids"], batch["loss_mask"]
+    B, T = ids.shape
+    with torch.no_grad():
+        target_logits = batch["final"] @ draft_lm_head.T  # (B, T, N)
+        target_p = torch.softmax(target_logits.float(), dim=-1)
+        target_top = target_logits.argmax(-1)  # (B, T) draft ids
+        # Logits at p predict token p+1: trained if loss_mask[p+1] and the target's choice is draftable.
+        base = torch.zeros_like(mask)
+        base[:, :-1] = batch["in_vocab"][:, :-1].float() * mask[:, 1:]
+    positions = torch.arange(T, device=ids.device).expand(B, T)
+    fed = [shift_left(ids, 2 + i) for i in range(steps - 1)] if feed == "data" else None
+    step_logits = draft(batch["aux"], shift_left(ids, 1), positions, steps, fed)  # step 0 reads x[t+1]
+    scores = []
+    for i, logits in enumerate(step_logits):  # (B, T, N)
+        valid = shift_left(base, 1 + i)  # (B, T)
+        p = shift_left(target_p, 1 + i)  # (B, T, N)
+        ce = -(p * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # (B, T)
+        hit = (logits.argmax(-1) == shift_left(target_top, 1 + i)).float()
+        scores.append(StepScores((ce * valid).sum(), valid.sum().detach(), (hit * valid).sum().detach()))
+    return scores

@@ -1,0 +1,1 @@
+"""Evaluate a draft: greedy chain speculative decoding against the target, acceptance length."""

@@ -1,0 +1,190 @@
+"""The evaluate stage: speculative vs plain greedy decoding on held-out prompts, τ table, histogram, gate."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+from prefect import task
+
+from tasks.config import RunConfig
+from tasks.contracts import atomic_path, quarantine_row, read_table, write_table
+from tasks.draft.export import load_export, read_export_config
+from tasks.evaluate.speculative import acceptance_by_position, greedy_decode, speculative_decode
+from tasks.failpoints import failpoint
+from tasks.gates import enforce
+
+
+def eval_dir(config: RunConfig) -> Path:
+    return config.run_dir / "eval"
+
+
+def held_out_prompts(config: RunConfig) -> tuple[list[dict], list[dict]]:
+    """Eval-split rows cut before their first trained token; rows with no trained token are quarantined."""
+    rows = read_table("merged", config.run_dir / "merged" / "eval", columns=["id", "source", "input_ids", "loss_mask"])
+    prompts, dropped = [], []
+    for row in sorted(rows.to_pylist(), key=lambda r: r["id"]):
+        first = next((i for i, m in enumerate(row["loss_mask"]) if m), None)
+        if not first:
+            dropped.append(
+                quarantine_row(
+                    "evaluate",
+                    row["id"],
+                    row["source"],
+                    "no_prompt",
+                    "no loss-masked token after a non-empty prompt",
+                    field="loss_mask",
+                )
+            )
+            continue
+        prompts.append({"id": row["id"], "prompt_ids": row["input_ids"][:first]})
+    return prompts[: config.evaluate.num_prompts], dropped
+
+
+def stop_ids(config: RunConfig) -> set[int]:
+    """Ids that end a reply: the target's end-of-turn token (resolved from its template) and eos."""
+    from tasks.target.loader import load_tokenizer
+    from tasks.target.preflight import resolve_end_of_turn
+
+    tokenizer = load_tokenizer(config.target)
+    ids = {tokenizer.convert_tokens_to_ids(resolve_end_of_turn(tokenizer, config.target))}
+    return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+
+
+def decode_prompts(config: RunConfig, target, draft, layer_ids: list[int], eos_ids: set[int]) -> tuple[list[dict], list]:
+    """Per prompt: greedy and speculative outputs, τ, and whether they are identical."""
+    ec = config.evaluate
+    prompts, dropped = held_out_prompts(config)
+    write_table("quarantine", dropped, eval_dir(config) / "quarantine.parquet")
+    rows, results = [], []
+    for p in prompts:
+        started = time.perf_counter()
+        plain = greedy_decode(target, p["prompt_ids"], ec.max_new_tokens, eos_ids)
+        plain_s = time.perf_counter() - started
+        started = time.perf_counter()
+        spec = speculative_decode(target, draft, p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids)
+        spec_s = time.perf_counter() - started
+        mismatch = next((i for i, (a, b) in enumerate(zip(plain, spec.tokens, strict=False)) if a != b), None)
+        if mismatch is None and len(plain) != len(spec.tokens):
+            mismatch = min(len(plain), len(spec.tokens))
+        results.append(spec)
+        failpoint("evaluate.prompt")
+        rows.append(
+            {
+                "id": p["id"],
+                "prompt_tokens": len(p["prompt_ids"]),
+                "new_tokens": len(spec.tokens),
+                "target_forwards": spec.target_forwards,
+                "acceptance_length": spec.acceptance_length,
+                "identical": mismatch is None,
+                "first_mismatch": mismatch,
+                "greedy_s": round(plain_s, 3),
+                "speculative_s": round(spec_s, 3),
+            }
+        )
+    return rows, results
+
+
+def plot_acceptance(results, per_position: list[float], path: Path) -> Path:
+    """Histogram of accepted draft tokens per target forward, and acceptance by draft position."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = max((r.proposed for r in results), default=1)
+    accepted = [n for r in results for n in r.accepted]
+    fig, (ax_hist, ax_pos) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax_hist.hist(accepted, bins=[x - 0.5 for x in range(k + 2)], rwidth=0.8, color="tab:blue")
+    ax_hist.set(xlabel="draft tokens accepted per target forward", ylabel="rounds", title="acceptance histogram")
+    ax_pos.bar(range(1, len(per_position) + 1), per_position, color="tab:green")
+    ax_pos.set(xlabel="draft position", ylabel="share of rounds accepted", ylim=(0, 1), title="per-position acceptance")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return path
+
+
+def tau_table(summary: dict) -> str:
+    lines = [
+        "# Speculative decoding (greedy chain)",
+        "",
+        "| prompts | draft tokens / round | τ pooled | τ mean over prompts | identical to greedy |",
+        "|---|---|---|---|---|",
+        f"| {summary['prompts']} | {summary['num_draft_tokens']} | {summary['acceptance_length']:.3f} | "
+        f"{summary['mean_prompt_acceptance_length']:.3f} | {summary['identical']}/{summary['prompts']} |",
+        "",
+        "| draft position | " + " | ".join(str(i + 1) for i in range(len(summary["per_position_acceptance"]))) + " |",
+        "|---|" + "---|" * len(summary["per_position_acceptance"]),
+        "| accepted | " + " | ".join(f"{a:.3f}" for a in summary["per_position_acceptance"]) + " |",
+    ]
+    return "\n".join(lines)
+
+
+def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = None) -> dict:
+    """Decode the held-out prompts both ways and write `eval/results.json` and `eval/acceptance.png`."""
+    from tasks.draft.train import shared_target
+    from tasks.target.loader import pick_device
+
+    export_dir = Path(export_dir or config.run_dir / "draft" / "export")
+    target = target if target is not None else shared_target(config.target).to(pick_device(config.evaluate.device))
+    device = next(target.parameters()).device
+    draft = load_export(export_dir, target.get_input_embeddings().weight.detach()).to(device)
+    _, layer_ids = read_export_config(export_dir)
+    eos_ids = stop_ids(config)
+    rows, results = decode_prompts(config, target, draft, layer_ids, eos_ids)
+    if not rows:
+        raise ValueError(f"evaluate: no held-out prompts in {config.run_dir / 'merged' / 'eval'}")
+    per_position = acceptance_by_position(results)
+    forwards = sum(r.target_forwards for r in results)
+    summary = {
+        "prompts": len(rows),
+        "num_draft_tokens": config.evaluate.num_draft_tokens,
+        "acceptance_length": sum(sum(r.accepted) + len(r.accepted) for r in results) / max(1, forwards),
+        "mean_prompt_acceptance_length": sum(r["acceptance_length"] for r in rows) / len(rows),
+        "per_position_acceptance": per_position,
+        "identical": sum(r["identical"] for r in rows),
+        "target_forwards": forwards,
+        "new_tokens": sum(r["new_tokens"] for r in rows),
+    }
+    out = eval_dir(config)
+    with atomic_path(out / "results.json") as tmp:
+        tmp.write_text(json.dumps({"summary": summary, "prompts": rows}, indent=2), encoding="utf-8")
+    plot_acceptance(results, per_position, out / "acceptance.png")
+    return summary | {"results": str(out / "results.json"), "histogram": str(out / "acceptance.png")}
+
+
+def gate_eval(config: RunConfig) -> dict:
+    """Mean τ over prompts ≥ `evaluate.min_acceptance_length`, and every output identical to greedy."""
+    data = json.loads((eval_dir(config) / "results.json").read_text(encoding="utf-8"))
+    frame = pd.DataFrame(data["prompts"])[["id", "acceptance_length", "identical"]]
+    enforce("eval", frame, parameters={"min_acceptance_length": config.evaluate.min_acceptance_length})
+    return data["summary"]
+
+
+def run_evaluate(config: RunConfig, target=None) -> dict:
+    """The whole stage without Prefect: decode, then gate."""
+    summary = evaluate_draft(config, target)
+    gate_eval(config)
+    return summary
+
+
+@task(name="evaluate-draft")
+def evaluate_task(config: RunConfig) -> dict:
+    from prefect.artifacts import create_markdown_artifact
+
+    summary = evaluate_draft(config)
+    create_markdown_artifact(
+        key="eval-acceptance",
+        markdown=tau_table(summary) + f"\n\nhistogram: `{summary['histogram']}`",
+        description="Acceptance length on held-out prompts",
+    )
+    return summary
+
+
+@task(name="gate-eval")
+def gate_eval_task(config: RunConfig) -> dict:
+    return gate_eval(config)

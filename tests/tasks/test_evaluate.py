@@ -1,0 +1,102 @@
+"""Speculative decoding is lossless, counts acceptance right, and the stage writes and gates its results."""
+
+import json
+
+import pytest
+import torch
+
+import tasks.evaluate.speculative as speculative
+from tasks.config import RunConfig
+from tasks.draft.stage import run_train
+from tasks.draft.train import pieces_from_model
+from tasks.evaluate.speculative import acceptance_by_position, greedy_decode, speculative_decode
+from tasks.evaluate.stage import gate_eval, run_evaluate
+from tasks.gates import GateError
+from tests.tasks.draft_fixture import AUX_LAYER_IDS, render, write_run
+
+torch.set_num_threads(1)
+
+EOS = {2}
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, demo_tokenizer, demo_model):
+    """The fixture rows, a few training steps of a small draft, and its export."""
+    root = tmp_path_factory.mktemp("eval-run")
+    write_run(root / "eval", demo_tokenizer, demo_model)
+    config = RunConfig.model_validate(
+        {
+            "name": "eval",
+            "runs_dir": str(root),
+            "train": {
+                "draft_vocab_size": 512,
+                "ttt_steps": 2,
+                "batch_tokens": 256,
+                "lr": 3e-3,
+                "warmup_steps": 1,
+                "max_steps": 4,
+                "checkpoint_every": 4,
+                "draft_overrides": {"intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1},
+            },
+            "evaluate": {"num_prompts": 2, "max_new_tokens": 12, "num_draft_tokens": 3, "min_acceptance_length": 1.0},
+        }
+    )
+    run_train(config, pieces_from_model(demo_model, keep_model=False))
+    return config
+
+
+def test_speculative_equals_greedy_with_a_real_draft(trained_run, demo_model):
+    from tasks.draft.export import load_export
+
+    draft = load_export(trained_run.run_dir / "draft" / "export", demo_model.get_input_embeddings().weight)
+    prompt, _ = render(demo_model_tokenizer(), "Name three fruits.", "")
+    prompt = prompt[:-1]  # up to the assistant header, as a held-out prompt
+    plain = greedy_decode(demo_model, prompt, 16, EOS)
+    spec = speculative_decode(demo_model, draft, prompt, AUX_LAYER_IDS, 3, 16, EOS)
+    assert spec.tokens == plain
+    assert sum(spec.accepted) + len(spec.accepted) + 1 == len(spec.tokens)  # +1: the prefill's token
+
+
+def test_accepted_drafts_keep_the_caches_right(demo_model, monkeypatch):
+    """A draft that proposes the true continuation with every third token wrong: partial acceptance."""
+    prompt, _ = render(demo_model_tokenizer(), "Count from one to ten in words.", "")
+    prompt = prompt[:-1]
+    plain = greedy_decode(demo_model, prompt, 20, EOS)
+    full = prompt + plain
+    calls = []
+
+    def oracle(draft, tokens, aux, start, past, k):
+        assert aux.shape[1] == tokens.shape[1] - 1  # aux rows for every token but the newest
+        n = tokens.shape[1]
+        ids = [full[n + i] if n + i < len(full) else 0 for i in range(k)]
+        calls.append(len(calls))
+        if len(calls) % 3 == 0:
+            ids[1] = (ids[1] + 1) % 49152
+        return ids, None
+
+    monkeypatch.setattr(speculative, "propose", oracle)
+    spec = speculative_decode(demo_model, None, prompt, AUX_LAYER_IDS, 4, 20, EOS)
+    assert spec.tokens == plain
+    assert spec.acceptance_length > 2.0
+    assert 1 in spec.accepted and 4 in spec.accepted
+    per_position = acceptance_by_position([spec])
+    assert per_position[0] == 1.0 and per_position[1] < 1.0
+
+
+def test_evaluate_stage_writes_results_and_gates(trained_run, demo_model):
+    summary = run_evaluate(trained_run, demo_model)
+    assert summary["prompts"] == 2 and summary["identical"] == 2
+    assert summary["acceptance_length"] >= 1.0 and len(summary["per_position_acceptance"]) == 3
+    data = json.loads((trained_run.run_dir / "eval" / "results.json").read_text())
+    assert {p["id"] for p in data["prompts"]} == {"chat-012", "chat-013"}
+    assert (trained_run.run_dir / "eval" / "acceptance.png").stat().st_size > 5_000
+    strict = trained_run.model_copy(update={"evaluate": trained_run.evaluate.model_copy(update={"min_acceptance_length": 4.5})})
+    with pytest.raises(GateError, match="acceptance_length"):
+        gate_eval(strict)
+
+
+def demo_model_tokenizer():
+    from tasks.config import TargetConfig
+    from tasks.target.loader import load_tokenizer
+
+    return load_tokenizer(TargetConfig())
