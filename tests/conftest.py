@@ -80,3 +80,70 @@ def sampled_generations(demo_tokenizer, demo_model):
     ]
     end_of_turn = resolve_end_of_turn(demo_tokenizer, None, "template")
     return sample_generations(demo_model, demo_tokenizer, prompts, end_of_turn, max_new_tokens=24, batch_size=6)
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """A real `prefect server start` on 127.0.0.1 (own home and database); yields its API URL.
+
+    Pipeline runs launched as subprocesses with PREFECT_API_URL set record everything here, and
+    skip the temporary API each process would otherwise start.
+    """
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    home = tmp_path_factory.mktemp("prefect-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = os.environ | {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    log = open(home / "server.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.time() + 180
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(f"prefect server did not start; see {home / 'server.log'}")
+        time.sleep(0.5)
+    try:
+        yield url
+    finally:
+        proc.terminate()  # SIGTERM: a backgrounded server ignores SIGINT
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_run(prefect_server, tmp_path_factory):
+    """The tiny pipeline run once, uninterrupted, recorded in `prefect_server`.
+
+    The generate task fails once on purpose (a failpoint) so that a retry shows in the task history.
+    Yields (run_dir, seconds, completed process).
+    """
+    import time
+
+    from tests.pipeline_runs import run_tiny
+
+    runs_dir = tmp_path_factory.mktemp("tiny-runs")
+    started = time.time()
+    done = run_tiny(runs_dir, api_url=prefect_server, env={"DRAFTSMITH_FAILPOINTS": "generate.task=fail-once"})
+    seconds = time.time() - started
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return runs_dir / "tiny", seconds, done

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from prefect import task
 
+from tasks.failpoints import failpoint
 from tasks.config import ApiConfig, RunConfig
 from tasks.contracts import quarantine_row, write_table
 from tasks.generate.client import ChatClient
@@ -197,4 +198,5 @@ async def _request_all(
 @task(name="generate", retries=1, retry_delay_seconds=10)
 def generate_task(config: RunConfig) -> dict:
     """Prefect task around `run_generate`; a retry resumes from the journal, never repeats a reply."""
+    failpoint("generate.task")
     return run_generate(config)

@@ -1,0 +1,48 @@
+"""Run the `draftsmith` command as a separate process, as a user would, and hash what it wrote."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "tests" / "fixtures" / "configs" / "tiny.yaml"
+
+
+def run_cli(
+    args: list[str],
+    api_url: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 900,
+) -> subprocess.CompletedProcess:
+    """`python -m flows.cli ARGS` with output captured; PREFECT_API_URL points at `api_url` when given."""
+    full_env = os.environ | (env or {})
+    if api_url:
+        full_env["PREFECT_API_URL"] = api_url
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def run_tiny(runs_dir: Path, api_url: str | None = None, env: dict | None = None, extra: list[str] = ()):
+    """The tiny pipeline config into `runs_dir`."""
+    args = ["run", "--config", str(TINY), "--set", f"runs_dir={runs_dir}", *extra]
+    return run_cli(args, api_url=api_url, env=env)
+
+
+def tree_hashes(root: Path, skip: tuple[str, ...] = ("_stage.json",)) -> dict[str, str]:
+    """sha256 of every file under `root`, by relative path."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in skip
+    }
+
+
+def tree_stats(root: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime_ns) of every file under `root`: unchanged means nothing was rewritten."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()}
