@@ -4,10 +4,12 @@ from prefect import flow
 
 from tasks.config import RunConfig
 from tasks.evaluate.stage import evaluate_task, gate_eval_task
+from tasks.target.preflight import preflight_task
 
 
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(config: RunConfig) -> dict:
+    preflight_task(config.target)
     summary = evaluate_task(config)
     gate_eval_task(config)
     return {

@@ -10,6 +10,7 @@ from tasks.config import RunConfig
 from tasks.contracts import read_table
 from tasks.gates import enforce
 from tasks.generate.stage import generate_task
+from tasks.target.preflight import preflight_task
 
 
 def gate_frame(generations: str, error_rate: float) -> pd.DataFrame:
@@ -27,6 +28,7 @@ def gate_frame(generations: str, error_rate: float) -> pd.DataFrame:
 @flow(name="generate")
 def generate_flow(config: RunConfig) -> dict:
     """Generate replies for every configured prompt source, then gate the table."""
+    preflight_task(config.target)
     summary = generate_task(config)
     if summary["stopped"]:
         get_run_logger().warning("generation stopped early (%s); rerun to finish", summary["stopped"])

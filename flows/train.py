@@ -4,10 +4,12 @@ from prefect import flow
 
 from tasks.config import RunConfig
 from tasks.draft.stage import export_task, gate_train_task, train_task
+from tasks.target.preflight import preflight_task
 
 
 @flow(name="train", log_prints=True)
 def train_flow(config: RunConfig) -> dict:
+    preflight_task(config.target)
     summary = train_task(config)
     gate = gate_train_task(config)
     export = export_task(config)

@@ -8,12 +8,14 @@ from prefect.artifacts import create_markdown_artifact
 import tasks  # noqa: F401  (offline defaults before Prefect is imported)
 from tasks.config import RunConfig
 from tasks.gates import enforce
+from tasks.target.preflight import preflight_task
 from tasks.validate.stage import gate_frame, gate_parameters, plan_parts, summarize, validate_part_task
 
 
 @flow(name="validate")
 def validate_flow(config: RunConfig) -> dict:
     """Check and simulate every reconstructed part, publish rates and examples, gate the rates."""
+    preflight_task(config.target)
     parts = plan_parts(config)
     for future in [validate_part_task.submit(config, part) for part in parts]:
         future.result()

@@ -13,8 +13,8 @@ STAGE_ARTIFACTS = {
     "validate": ["validation-report", "gate-validation"],
     "merge": ["merge-mix", "gate-merged"],
     "extract": ["extract-summary", "gate-hidden-states"],
-    "train": ["train-summary", "train-metrics", "gate-train"],
-    "evaluate": ["eval-acceptance", "gate-eval"],
+    "train": ["train-summary", "train-metrics", "train-curves", "gate-train"],
+    "evaluate": ["eval-acceptance", "eval-histogram", "gate-eval"],
 }
 
 

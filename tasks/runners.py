@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from tasks.config import OrchestrationConfig
 
 
@@ -22,8 +24,15 @@ def build_task_runner(cfg: OrchestrationConfig):
             raise RunnerError("orchestration.task_runner=dask needs `pip install 'draftsmith[dask]'`") from e
         if cfg.cluster_address:
             return DaskTaskRunner(address=cfg.cluster_address)
-        # Processes keep torch-heavy shards from fighting over the GIL; one thread each.
-        return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.max_workers, "threads_per_worker": 1})
+        if os.environ.get("PREFECT_API_URL"):
+            # Worker processes keep torch-heavy shards from fighting over the GIL; they report
+            # to the configured Prefect server.
+            return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.max_workers, "threads_per_worker": 1})
+        # With the temporary local API, worker processes would each start their own and their task
+        # runs would be lost to the UI: keep the local cluster's workers in this process.
+        return DaskTaskRunner(
+            cluster_kwargs={"n_workers": 1, "threads_per_worker": cfg.max_workers, "processes": False}
+        )
     try:
         from prefect_ray import RayTaskRunner
     except ImportError as e:
