@@ -24,3 +24,19 @@ def test_preflight_flow_fails_on_wrong_pin(prefect_harness):
     config = RunConfig.model_validate({"target": {"special_tokens": {"<|im_end|>": 163533}}})
     with pytest.raises(PreflightError, match="pins id 163533"):
         preflight_flow(config)
+
+
+def test_prefect_yaml_deploys_the_demo_config():
+    from pathlib import Path
+
+    import yaml
+
+    from tasks.config import RunConfig, load_config
+
+    root = Path(__file__).resolve().parents[2]
+    doc = yaml.safe_load((root / "prefect.yaml").read_text())
+    demo = load_config(root / "configs" / "demo.yaml")
+    entrypoints = {d["entrypoint"] for d in doc["deployments"]}
+    assert "flows/pipeline.py:eagle3_pipeline" in entrypoints and len(entrypoints) == 8
+    for deployment in doc["deployments"]:
+        assert RunConfig.model_validate(deployment["parameters"]["config"]) == demo, deployment["name"]
