@@ -113,22 +113,14 @@ def added_tokens(tokenizer) -> dict[str, int]:
 
 
 def resolve_end_of_turn(tokenizer, cfg: TargetConfig) -> str:
-    """The text that ends an assistant turn: configured, else the first added token the template
-    emits after the assistant's content, else eos."""
-    if cfg.end_of_turn:
-        return cfg.end_of_turn
-    if tokenizer.chat_template:
-        marker = "\u2063draftsmith-reply\u2063"
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "U"}, {"role": "assistant", "content": marker}], tokenize=False
-        )
-        tail = rendered[rendered.index(marker) + len(marker) :] if marker in rendered else ""
-        found = [(tail.find(t), t) for t in added_tokens(tokenizer) if t and t in tail]
-        if found:
-            return min(found)[1]
-    if tokenizer.eos_token is None:
+    """The text that ends an assistant turn: configured, else the template's, else eos (not yet verified)."""
+    from tasks.reconstruct.tokens import end_of_turn_from_template
+
+    from_template = end_of_turn_from_template(tokenizer, cfg.chat_format) if tokenizer.chat_template else None
+    text = cfg.end_of_turn or from_template or tokenizer.eos_token
+    if not text:
         raise PreflightError("cannot resolve the end-of-turn token: no chat template, no eos; set target.end_of_turn")
-    return tokenizer.eos_token
+    return text
 
 
 def candidate_markers(tokenizer, cfg: TargetConfig, end_of_turn: str) -> list[str]:
