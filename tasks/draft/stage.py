@@ -18,6 +18,7 @@ from tasks.draft.export import export_draft
 from tasks.draft.model import DraftConfig
 from tasks.draft.train import TargetPieces, draft_dir, read_metrics, train_draft
 from tasks.gates import enforce
+from tasks.image_artifact import publish_image
 
 
 def launch_torchrun(config: RunConfig) -> dict:
@@ -114,6 +115,7 @@ def publish_metrics(config: RunConfig) -> None:
     lines += [f"| {i} | {last[f'loss_{i}']:.4f} | {last[f'acc_{i}']:.3f} |" for i in range(config.train.ttt_steps)]
     lines += ["", f"curves: `{draft_dir(config) / 'curves.png'}`"]
     create_markdown_artifact(key="train-summary", markdown="\n".join(lines), description="Last step per unrolled step")
+    publish_image("train-curves", draft_dir(config) / "curves.png", "Draft loss and accuracy per unrolled step")
 
 
 def run_train(config: RunConfig, pieces: TargetPieces | None = None) -> dict:

@@ -203,7 +203,9 @@ def train_draft(
     in_vocab_cache: dict[int, torch.Tensor] = {}
     stop = min(tc.max_steps, until_step or tc.max_steps)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16")
+    # tokens_seen counts this process (for tokens/s); the metrics keep counting across resumes.
     started, tokens_seen = time.perf_counter(), 0
+    tokens_before = records[-1]["tokens"] if records else 0
 
     while step < stop:
         batches = plan_batches(lengths, tc.batch_tokens * world, tc.seed, epoch)
@@ -232,7 +234,7 @@ def train_draft(
         step, position = step + 1, position + 1
         tokens_seen += sum(lengths[i] for i in global_rows)
         if rank == 0:
-            records.append(_record(step, totals, tc.ttt_decay, scheduler, grad_norm, tokens_seen, started))
+            records.append(_record(step, totals, tc.ttt_decay, scheduler, grad_norm, tokens_before + tokens_seen, started))
         if step % tc.checkpoint_every == 0 or step == stop:
             if rank == 0:
                 save_checkpoint(

@@ -15,6 +15,7 @@ from tasks.draft.export import load_export, read_export_config
 from tasks.evaluate.speculative import acceptance_by_position, greedy_decode, speculative_decode
 from tasks.failpoints import failpoint
 from tasks.gates import enforce
+from tasks.image_artifact import publish_image
 
 
 def eval_dir(config: RunConfig) -> Path:
@@ -182,6 +183,7 @@ def evaluate_task(config: RunConfig) -> dict:
         markdown=tau_table(summary) + f"\n\nhistogram: `{summary['histogram']}`",
         description="Acceptance length on held-out prompts",
     )
+    publish_image("eval-histogram", Path(summary["histogram"]), "Accepted draft tokens per target forward")
     return summary
 
 

@@ -21,6 +21,7 @@ from tasks.extract.batching import pack_batches, padding_tokens
 from tasks.extract.plan import ShardPlan, aux_layer_ids, hidden_dir, plan_extract, read_target_info
 from tasks.extract.shards import finished_marker, write_marker, write_shard
 from tasks.extract.transformers_backend import load_transformers_backend, resolve_dtype
+from tasks.failpoints import failpoint
 from tasks.target.loader import pick_device
 
 _backends: dict[str, HiddenStateBackend] = {}
@@ -67,6 +68,7 @@ def extract_shard(config: RunConfig, plan: ShardPlan, backend: HiddenStateBacken
         **written,
     }
     write_marker(out, plan.name, marker)
+    failpoint("extract.shard")
     return marker | {"skipped": False}
 
 
@@ -163,7 +165,7 @@ def plan_task(config: RunConfig) -> list[dict]:
     return [p.record() for p in plan_extract(config)]
 
 
-@task(name="extract-shard")
+@task(name="extract-shard", task_run_name="extract-{plan[name]}")
 def extract_shard_task(config: RunConfig, plan: dict) -> dict:
     return extract_shard(config, ShardPlan(**plan))
 

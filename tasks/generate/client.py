@@ -197,12 +197,18 @@ class ChatClient:
                     data = json.loads(response.content)
                 except ValueError as e:
                     data, kind, detail = None, "malformed_json", f"reply is not JSON: {e}"
-                if isinstance(data, dict) and data.get("choices"):
-                    return reply_record(prompt, data, time.perf_counter() - started, self.provider)
                 error = data.get("error") if isinstance(data, dict) else None
-                if isinstance(error, dict) and isinstance(error.get("code"), int):
+                choices = data.get("choices") if isinstance(data, dict) else None
+                broken_off = bool(choices) and (
+                    error is not None or any(c.get("finish_reason") == "error" for c in choices if isinstance(c, dict))
+                )
+                if choices and not broken_off:
+                    return reply_record(prompt, data, time.perf_counter() - started, self.provider)
+                if broken_off:  # a generation cut by a provider error mid-stream: partial text, retry it
+                    kind, detail = "midstream_error", f"reply broken off by an error: {response.text}"
+                if isinstance(error, dict) and isinstance(error.get("code"), int) and not broken_off:
                     status = error["code"]  # OpenRouter reports some failures inside a 200
-                elif data is not None:
+                elif data is not None and not broken_off:
                     kind, detail = "empty_choices", f"reply has no choices: {response.text}"
             if status == 402:
                 return {

@@ -27,6 +27,15 @@ class ServerStartError(RuntimeError):
     """The embedded server exited or did not answer /health in time."""
 
 
+def die_with_parent() -> None:
+    """In the server child: ask Linux to SIGTERM it when the process that started it dies (even by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -44,7 +53,8 @@ def embedded_server(config: RunConfig, workdir: Path) -> Iterator[str]:
     api = config.generate.api
     with open(workdir / "server.log", "ab") as log_file:
         process = subprocess.Popen(
-            cmd, cwd=PROJECT_ROOT, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            cmd, cwd=PROJECT_ROOT, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=die_with_parent,
         )
     try:
         base_url = f"http://127.0.0.1:{port}/v1"

@@ -21,6 +21,7 @@ STATUS_TEXT = {
     400: "Bad Request",
     402: "Payment Required",
     404: "Not Found",
+    408: "Request Timeout",
     429: "Too Many Requests",
     500: "Internal Server Error",
     502: "Bad Gateway",
@@ -139,6 +140,15 @@ class CannedServer:
             transport.close()
         elif fault == "empty":
             transport.write(_response(200, json.dumps({"choices": [], "usage": {}}).encode()))
+        elif fault == "error200":  # OpenRouter: the provider failed after the 200 status was sent
+            body = {"error": {"code": 502, "message": "provider returned error"}, "choices": []}
+            transport.write(_response(200, json.dumps(body).encode()))
+        elif fault == "midstream":  # the generation broke off: partial text, finish_reason "error"
+            reply = self.reply(request)
+            reply["choices"][0]["finish_reason"] = "error"
+            reply["choices"][0]["message"]["content"] = "A can"
+            reply["error"] = {"code": 502, "message": "upstream disconnected mid-generation"}
+            transport.write(_response(200, json.dumps(reply).encode()))
         elif fault == "429ra":
             transport.write(_response(429, b'{"error":{"message":"slow down"}}', {"Retry-After": "1"}))
         elif fault.isdigit():

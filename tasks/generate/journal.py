@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tasks.failpoints import failpoint
+
 log = logging.getLogger(__name__)
 
 
@@ -101,6 +103,7 @@ class JournalWriter:
         os.fsync(self._file.fileno())
         self.synced += self._pending
         self._pending = 0
+        failpoint("generate.journal")
 
     def close(self) -> None:
         self.sync()

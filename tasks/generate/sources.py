@@ -38,11 +38,12 @@ SHAREGPT_ROLES = {
 }
 BFCL_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
 INSTRUCTION_KEYS = ("instruction", "problem", "prompt", "question")
+JSON_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 
 
 @dataclass(frozen=True)
 class Unreadable:
-    """A record that could not be parsed: `reason` is file_cut or malformed_json."""
+    """A record that could not be parsed: `reason` is file_cut, malformed_json, not_utf8 or empty_file."""
 
     reason: str
     location: str
@@ -79,7 +80,8 @@ def _open_text(path: Path):
 
 
 def _first_char(path: Path) -> str:
-    with _open_text(path) as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
         while ch := f.read(1):
             if not ch.isspace():
                 return ch
@@ -125,11 +127,21 @@ def iter_records(path: Path) -> Iterator[tuple[Any, str] | Unreadable]:
                 yield record, f"{path.name}:row {line}"
                 line += 1
         return
-    if _first_char(path) == "[":
+    first = _first_char(path)
+    if first == "":
+        yield Unreadable("empty_file", path.name, "the file holds no records")
+        return
+    if first == "[":
         yield from iter_json_array(path)
         return
-    with _open_text(path) as f:
-        for number, text in enumerate(f, 1):
+    # Lines are decoded one by one, so a line with bytes that are not UTF-8 costs only that line.
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield Unreadable("not_utf8", f"{path.name}:{number}", f"byte {e.start} is not UTF-8 ({e.reason})")
+                continue
             if not text.strip():
                 continue
             try:
@@ -161,11 +173,40 @@ def cut_last_reply(messages: list[dict]) -> list[dict]:
     return messages
 
 
+def _check_schema(node: Any, where: str) -> None:
+    """The parts of JSON Schema a chat template reads: known types, `properties` of schemas, `required` names."""
+    if not isinstance(node, dict):
+        raise RowError(where, f"expected a JSON schema object, got {type(node).__name__}")
+    types = node.get("type", "object")
+    for t in types if isinstance(types, list) else [types]:
+        if t not in JSON_TYPES:
+            raise RowError(f"{where}.type", f"{t!r} is not a JSON schema type ({', '.join(sorted(JSON_TYPES))})")
+    properties = node.get("properties", {})
+    if not isinstance(properties, dict):
+        raise RowError(f"{where}.properties", "expected an object mapping names to schemas")
+    for name, sub in properties.items():
+        _check_schema(sub, f"{where}.properties.{name}")
+    required = node.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise RowError(f"{where}.required", "expected a list of property names")
+    if "items" in node:
+        _check_schema(node["items"], f"{where}.items")
+
+
+def _check_tools(tools: Any) -> list[dict]:
+    if not isinstance(tools, list):
+        raise RowError("tools", "expected a list of tool definitions")
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise RowError(f"tools[{i}].function.name", "expected {type: function, function: {name, parameters}}")
+        _check_schema(fn.get("parameters", {"type": "object"}), f"tools[{i}].function.parameters")
+    return tools
+
+
 def from_openai(record: dict) -> tuple[list[dict], list[dict] | None, Any]:
     messages = _check_messages(record.get("messages"))
-    tools = record.get("tools") or None
-    if tools is not None and not isinstance(tools, list):
-        raise RowError("tools", "expected a list of tool definitions")
+    tools = _check_tools(record["tools"]) if record.get("tools") else None
     return cut_last_reply(messages), tools, record.get("id")
 
 

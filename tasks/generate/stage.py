@@ -11,9 +11,9 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.failpoints import failpoint
 from tasks.config import ApiConfig, RunConfig
 from tasks.contracts import quarantine_row, write_table
+from tasks.failpoints import failpoint
 from tasks.generate.client import ChatClient
 from tasks.generate.embedded import embedded_server
 from tasks.generate.journal import JournalState, JournalWriter, read_journal

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import tasks
 from tasks.config import MergeConfig, MergeSourceConfig, RunConfig
 from tasks.contracts import quarantine_row, schema, to_table
+from tasks.failpoints import failpoint
 from tasks.merge.dedup import drop_duplicates
 from tasks.merge.filters import KEPT, REASONS, STAGE
 from tasks.merge.manifest import (
@@ -65,6 +66,7 @@ def run_merge(config: RunConfig) -> dict:
         manifest = build_merged(staging, config.merge, sources, dirs)
         manifest |= {"fingerprint": key, "inputs": inputs}
         write_manifest(staging, manifest)
+        failpoint("merge.publish")
         publish_directory(staging, target)
     finally:
         if staging.exists():

@@ -13,6 +13,7 @@ from prefect import task
 
 from tasks.config import RunConfig
 from tasks.contracts import read_table, schema, write_table
+from tasks.failpoints import failpoint
 from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.reconstruct.tokens import resolve_end_of_turn
 from tasks.target.loader import load_tokenizer
@@ -69,6 +70,7 @@ def reconstruct_shard(config: RunConfig, shard: Shard) -> dict:
     result = rebuild_rows(tokenizer, rows, config.target, config.reconstruct)
     write_table("quarantine", result.quarantine, Path(shard.quarantine))
     write_table("reconstructed", result.table, Path(shard.output))
+    failpoint("reconstruct.shard")
     return {"output": shard.output, "rows": result.table.num_rows, "quarantined": len(result.quarantine), "skipped": False}
 
 
@@ -121,7 +123,7 @@ def run_reconstruct(config: RunConfig) -> dict:
     return summarize(config, shards, [reconstruct_shard(config, s) for s in shards])
 
 
-@task(name="reconstruct-shard", persist_result=False)
+@task(name="reconstruct-shard", task_run_name="reconstruct-rows-{shard.start}-{shard.stop}", persist_result=False)
 def reconstruct_shard_task(config: RunConfig, shard: Shard) -> dict:
     """One shard as a Prefect task; resume is by the shard's output files, not a result cache."""
     return reconstruct_shard(config, shard)

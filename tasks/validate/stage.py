@@ -11,6 +11,7 @@ from prefect import task
 
 from tasks.config import RunConfig
 from tasks.contracts import atomic_path, read_table, write_table
+from tasks.failpoints import failpoint
 from tasks.reconstruct.methods import truth_ids
 from tasks.reconstruct.tokens import resolve_end_of_turn
 from tasks.target.loader import load_tokenizer
@@ -73,6 +74,7 @@ def validate_part(config: RunConfig, part: Path) -> dict:
             records.append(_record(generation["id"], generation["source"], "reencode", "simulate", verdict, True))
     output = out_dir(config) / part.name
     write_table("validation", records, output)
+    failpoint("validate.part")
     return {"output": str(output), "rows": len(records)}
 
 
@@ -138,7 +140,7 @@ def run_validate(config: RunConfig) -> dict:
     return summarize(config, parts)
 
 
-@task(name="validate-part", persist_result=False)
+@task(name="validate-part", task_run_name="validate-{part.name}", persist_result=False)
 def validate_part_task(config: RunConfig, part: Path) -> dict:
     """One reconstructed part as a Prefect task; done parts are skipped by their output file."""
     if is_done(config, part):

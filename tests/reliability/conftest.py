@@ -38,3 +38,47 @@ def readonly_fs(tmp_path):
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture(scope="session")
+def reliability_report():
+    """The session's fault table (printed by `pytest_terminal_summary`)."""
+    from tests.reliability.report import REPORT
+
+    return REPORT
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.reliability.report import REPORT
+
+    if REPORT.outcomes:
+        terminalreporter.section("reliability: faults injected / survived / rows lost / secrets found")
+        for line in REPORT.lines():
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def prefect_server_home(prefect_server, tmp_path_factory):
+    """The home (database, logs) of the session's Prefect server."""
+    (home,) = tmp_path_factory.getbasetemp().glob("prefect-server[0-9]*")
+    return home
+
+
+@pytest.fixture(scope="session")
+def crash_runs(prefect_server, tmp_path_factory):
+    """One uninterrupted pipeline run and one killed inside every stage in turn, then finished (several minutes)."""
+    from tests.reliability.crash_chain import run_crash_chain
+
+    return run_crash_chain(tmp_path_factory.mktemp("crash"), prefect_server)
+
+
+# Tests that inject a fault without feeding the table themselves: their pass/fail is their row.
+OUTCOME_ROWS = {"test_storage_faults.py": "storage faults", "test_remote_code.py": "remote code"}
+
+
+def pytest_runtest_logreport(report):
+    from tests.reliability.report import REPORT
+
+    suite = OUTCOME_ROWS.get(Path(report.location[0]).name)
+    if suite and report.when == "call":
+        REPORT.record(suite, report.location[2].removeprefix("test_").replace("_", " "), 1, int(report.passed))
