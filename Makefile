@@ -24,7 +24,7 @@ demo: assets
 	$(BIN)/draftsmith demo --config configs/demo.yaml
 
 test: assets
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 reliability: assets
 	$(BIN)/python -m pytest -q -m reliability
