@@ -127,46 +127,31 @@ def deploy(
 
 
 def print_outputs(cfg: RunConfig, results: dict) -> None:
-    """Where each stage's outputs are, and how to see the runs in the Prefect UI."""
+    """Each stage's figures, where the draft and the reports are, and how to see the runs in the UI."""
     from rich.table import Table
 
     from tasks.stage_record import STAGES
 
     table = Table(title=f"run {cfg.name!r}: outputs under {cfg.run_dir}")
-    table.add_column("stage")
-    table.add_column("output")
-    table.add_column("summary")
+    for column in ("stage", "output", "figures"):
+        table.add_column(column)
     for stage, summary in results.items():
         where = str(cfg.run_dir / STAGES[stage][0]) if stage in STAGES else "-"
-        shown = ", ".join(f"{k}={v}" for k, v in (summary or {}).items() if not isinstance(v, (dict, list)))
-        table.add_row(stage, where, shown[:200])
+        figures = [
+            f"{k}={round(v, 3) if isinstance(v, float) else v}"
+            for k, v in (summary or {}).items()
+            if isinstance(v, (int, float, str)) and not (isinstance(v, str) and "/" in v)
+        ]
+        table.add_row(stage, where, ", ".join(figures))
     console.print(table)
+    run = cfg.run_dir
+    console.print(f"draft (SGLang/vLLM EAGLE-3): {run / 'draft' / 'export'}")
+    console.print(f"validation report:           {run / 'validation' / 'report.md'}")
+    console.print(f"eval report:                 {run / 'eval' / 'results.json'}  (plot: {run / 'eval' / 'acceptance.png'})")
     console.print(
-        "Prefect UI: `prefect server start --host 127.0.0.1` then open http://127.0.0.1:4200 "
-        "(run with PREFECT_API_URL=http://127.0.0.1:4200/api to record runs there)."
+        "Prefect UI: start `.venv/bin/prefect server start --host 127.0.0.1 --port 4200`, open http://127.0.0.1:4200, "
+        "and run with PREFECT_API_URL=http://127.0.0.1:4200/api to record runs, task histories and artifacts there."
     )
-
-
-PortOption = typer.Option(8000, "--port", help="Port on 127.0.0.1.")
-ThreadsOption = typer.Option(None, "--threads", help="Torch threads (default: generate.api.server_threads).")
-MaxBatchOption = typer.Option(None, "--max-batch", help="Rows per forward (default: generate.api.server_max_batch).")
-
-
-@app.command("serve-target")
-def serve_target(
-    config: Path = ConfigOption,
-    port: int = PortOption,
-    threads: int = ThreadsOption,
-    max_batch: int = MaxBatchOption,
-    set_: list[str] = SetOption,
-) -> None:
-    """Serve the configured target on 127.0.0.1 as an OpenAI-compatible chat endpoint."""
-    from tasks.generate.server import serve
-
-    cfg = read_config(config, set_)
-    api = cfg.generate.api
-    console.print(f"serving {cfg.target.model} on http://127.0.0.1:{port}/v1", highlight=False)
-    serve(cfg, port, threads or api.server_threads, max_batch or api.server_max_batch, api.server_dtype)
 
 
 if __name__ == "__main__":
