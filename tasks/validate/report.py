@@ -51,7 +51,7 @@ def report_markdown(rates: pd.DataFrame, rows: pd.DataFrame, examples: int) -> s
         for _, group in mismatches.groupby(["source", "mode", "klass"], sort=True):
             for r in group.head(examples).itertuples(index=False):
                 lines.append(
-                    f"| {r.source} | {r.mode} | {r.klass} | {_cell(r.id)} | {r.first_divergence} "
+                    f"| {r.source} | {r.mode} | {r.klass} | {_cell(r.id)} | {int(r.first_divergence)} "
                     f"| {_cell(r.truth_context)} | {_cell(r.rebuilt_context)} |"
                 )
     return "\n".join(lines) + "\n"
