@@ -142,25 +142,25 @@ def run_generate(config: RunConfig) -> dict:
     loaded = load_sources(gen.sources)
     state = read_journal(journal_path, repair=True)
     settled = state.settled
-    todo = [p for p in loaded.rows if p["id"] not in settled]
+    pending = [p for p in loaded.rows if p["id"] not in settled]
     log.info(
         "generate: %d prompts, %d already in the journal, %d to request",
         len(loaded.rows),
-        len(loaded.rows) - len(todo),
-        len(todo),
+        len(loaded.rows) - len(pending),
+        len(pending),
     )
     tally = None
-    if todo:
+    if pending:
         api_key = resolve_api_key(gen.api)
         spent = sum(r.get("cost") or 0.0 for r in state.done.values())
         with endpoint(config, gen_dir) as base_url:
-            tally = asyncio.run(_request_all(config, base_url, api_key, todo, journal_path, spent))
+            tally = asyncio.run(_request_all(config, base_url, api_key, pending, journal_path, spent))
         state = read_journal(journal_path)
     rows, failures, quarantine = write_outputs(gen_dir, loaded.rows, state, loaded.quarantine, tally)
     extra = {
         "prompts": len(loaded.rows),
-        "requested_this_run": len(todo),
-        "from_journal": len(loaded.rows) - len(todo),
+        "requested_this_run": len(pending),
+        "from_journal": len(loaded.rows) - len(pending),
         "stopped": tally.stopped if tally else None,
         "torn_journal_lines": state.torn_lines,
     }
@@ -175,21 +175,21 @@ def run_generate(config: RunConfig) -> dict:
         "rows": len(rows),
         "failed": len(failures),
         "quarantined": len(quarantine),
-        "requested_this_run": len(todo),
+        "requested_this_run": len(pending),
         "error_rate": summary["error_rate"],
         "stopped": summary["stopped"],
     }
 
 
 async def _request_all(
-    config: RunConfig, base_url: str, api_key: str | None, todo: list[dict], journal_path: Path, spent: float
+    config: RunConfig, base_url: str, api_key: str | None, pending: list[dict], journal_path: Path, spent: float
 ) -> RunTally:
     gen = config.generate
     client = ChatClient(gen.api, gen.request, config.target.model, api_key, base_url)
     try:
-        with JournalWriter(journal_path, gen.journal_batch) as journal, GenerationProgress(len(todo)) as progress:
+        with JournalWriter(journal_path, gen.journal_batch) as journal, GenerationProgress(len(pending)) as progress:
             return await run_requests(
-                todo, client, journal, gen.api.concurrency, gen.budget_usd, spent, on_record=progress.update
+                pending, client, journal, gen.api.concurrency, gen.budget_usd, spent, on_record=progress.update
             )
     finally:
         await client.aclose()
