@@ -154,5 +154,27 @@ def print_outputs(cfg: RunConfig, results: dict) -> None:
     )
 
 
+PortOption = typer.Option(8000, "--port", help="Port on 127.0.0.1.")
+ThreadsOption = typer.Option(None, "--threads", help="Torch threads (default: generate.api.server_threads).")
+MaxBatchOption = typer.Option(None, "--max-batch", help="Rows per forward (default: generate.api.server_max_batch).")
+
+
+@app.command("serve-target")
+def serve_target(
+    config: Path = ConfigOption,
+    port: int = PortOption,
+    threads: int = ThreadsOption,
+    max_batch: int = MaxBatchOption,
+    set_: list[str] = SetOption,
+) -> None:
+    """Serve the configured target on 127.0.0.1 as an OpenAI-compatible chat endpoint."""
+    from tasks.generate.server import serve
+
+    cfg = read_config(config, set_)
+    api = cfg.generate.api
+    console.print(f"serving {cfg.target.model} on http://127.0.0.1:{port}/v1", highlight=False)
+    serve(cfg, port, threads or api.server_threads, max_batch or api.server_max_batch, api.server_dtype)
+
+
 if __name__ == "__main__":
     app()
