@@ -1,5 +1,6 @@
 import os
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -12,32 +13,31 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.reliability)
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A real 256 KiB filesystem (tmpfs) to fill up; needs root, as CI and the dev machines have."""
-    mount = tmp_path / "small"
+@contextmanager
+def mounted_tmpfs(mount: Path, options: str):
+    """A real tmpfs at `mount` with mount `options`; needs root, as CI and the dev machines have."""
     mount.mkdir()
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True)
+        pytest.skip("mounting a tmpfs needs root")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], check=True)
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 256 KiB filesystem to fill up."""
+    with mounted_tmpfs(tmp_path / "small", "size=256k") as mount:
+        yield mount
 
 
 @pytest.fixture
 def readonly_fs(tmp_path):
     """A read-only filesystem (root ignores permission bits, so chmod would not do)."""
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a read-only tmpfs needs root")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mount)], check=True)
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=64k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.fixture(scope="session")
