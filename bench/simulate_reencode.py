@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tasks  # noqa: E402,F401  (offline defaults)
 from tasks.config import TargetConfig  # noqa: E402
 from tasks.generate.sources import iter_json_array  # noqa: E402
-from tasks.reconstruct.tokens import resolve_end_of_turn  # noqa: E402
 from tasks.target.assets import resolve_path  # noqa: E402
+from tasks.target.chat import resolve_end_of_turn  # noqa: E402
 from tasks.target.loader import load_model, load_tokenizer  # noqa: E402
 from tasks.validate.sample import sample_generations  # noqa: E402
 from tasks.validate.simulate import simulate_rows  # noqa: E402
@@ -61,7 +61,7 @@ def main() -> None:
     torch.set_num_threads(1)
     target = TargetConfig()
     tokenizer, model = load_tokenizer(target), load_model(target)
-    end_of_turn = resolve_end_of_turn(tokenizer, None, target.chat_format)
+    end_of_turn = resolve_end_of_turn(tokenizer, target)
     prompts = sharegpt_prompts(args.rows, args.max_prompt_chars)
     start = time.perf_counter()
     rows = sample_generations(model, tokenizer, prompts, end_of_turn, source="sharegpt", max_new_tokens=args.max_new_tokens,

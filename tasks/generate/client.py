@@ -75,14 +75,30 @@ def static_body(api: ApiConfig, request: RequestConfig, model: str) -> dict:
     return body
 
 
-def reply_record(prompt: dict, data: dict, latency_s: float, provider: str) -> dict:
+def reply_reasoning(message: dict) -> tuple[str | None, str | None]:
+    """(reasoning text, kind): only `reasoning.text` details are what the model generated.
+
+    OpenRouter's `reasoning_details` may instead carry a summary or an encrypted blob; those are kept
+    as their kind with no text, so reconstruct refuses the row rather than train on a paraphrase.
+    """
+    details = [d for d in message.get("reasoning_details") or [] if isinstance(d, dict)]
+    texts = [d.get("text") or "" for d in details if d.get("type") == "reasoning.text"]
+    if texts:
+        return "".join(texts), "text"
+    if details:
+        kinds = {d.get("type") for d in details}
+        return None, "encrypted" if "reasoning.encrypted" in kinds else "summary"
+    reasoning = message.get("reasoning")
+    if reasoning is None:
+        reasoning = message.get("reasoning_content")
+    return reasoning, "text" if reasoning is not None else None
+
+
+def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, template_kwargs: dict | None = None) -> dict:
     """Journal record of a reply, in the `generations` contract's fields (bytes as int lists)."""
     choice = data["choices"][0]
     message = choice.get("message") or {}
-    reasoning = message.get("reasoning") or message.get("reasoning_content")
-    if not reasoning and message.get("reasoning_details"):
-        texts = [d.get("text") or d.get("summary") or "" for d in message["reasoning_details"] if isinstance(d, dict)]
-        reasoning = "".join(texts) or None
+    reasoning, reasoning_kind = reply_reasoning(message)
     usage = data.get("usage") or {}
     logprobs = (choice.get("logprobs") or {}).get("content")
     finish = choice.get("finish_reason")
@@ -93,6 +109,7 @@ def reply_record(prompt: dict, data: dict, latency_s: float, provider: str) -> d
         "messages": prompt["messages"],
         "tools": prompt["tools"],
         "reasoning": reasoning,
+        "reasoning_kind": reasoning_kind,
         "content": message.get("content"),
         "tool_calls": json.dumps(message["tool_calls"], ensure_ascii=False) if message.get("tool_calls") else None,
         "finish_reason": finish,
@@ -108,6 +125,7 @@ def reply_record(prompt: dict, data: dict, latency_s: float, provider: str) -> d
         "logprob_tokens": [{"token": e.get("token"), "bytes": e.get("bytes"), "logprob": e.get("logprob")} for e in logprobs]
         if logprobs
         else None,
+        "template_kwargs": json.dumps(template_kwargs, sort_keys=True) if template_kwargs else None,
     }
 
 
@@ -117,6 +135,8 @@ class ChatClient:
     def __init__(self, api: ApiConfig, request: RequestConfig, model: str, api_key: str | None, base_url: str):
         self.api = api
         self.seed = request.seed
+        # Recorded on every row: reconstruct renders the prompt with the same kwargs (thinking on/off).
+        self.template_kwargs = request.chat_template_kwargs
         self.provider = api.provider
         self._secret = api_key
         self._url = base_url.rstrip("/") + "/chat/completions"
@@ -203,7 +223,7 @@ class ChatClient:
                     error is not None or any(c.get("finish_reason") == "error" for c in choices if isinstance(c, dict))
                 )
                 if choices and not broken_off:
-                    return reply_record(prompt, data, time.perf_counter() - started, self.provider)
+                    return reply_record(prompt, data, time.perf_counter() - started, self.provider, self.template_kwargs)
                 if broken_off:  # a generation cut by a provider error mid-stream: partial text, retry it
                     kind, detail = "midstream_error", f"reply broken off by an error: {response.text}"
                 if isinstance(error, dict) and isinstance(error.get("code"), int) and not broken_off:

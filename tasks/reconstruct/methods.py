@@ -7,9 +7,9 @@ from itertools import chain
 
 import numpy as np
 
-from tasks.reconstruct.mask import mask_from_offsets, run_masks
+from tasks.reconstruct.mask import run_masks
 from tasks.reconstruct.render import ChatTurn, RenderedTurn, RowError
-from tasks.reconstruct.tokens import ByteVocab, EndOfTurn, round_trips
+from tasks.target.tokens import ByteVocab, EndOfTurn, codec
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Rebuilt:
 def completion_ids(token_ids: list[int], end_of_turn: EndOfTurn, truncated: bool) -> list[int]:
     """Server completion ids closed by the end-of-turn token (some servers leave it out of the list)."""
     ids = list(token_ids)
-    if not truncated and (not ids or ids[-1] != end_of_turn.id):
+    if not truncated and (not ids or ids[-1] not in end_of_turn.ids):
         ids.append(end_of_turn.id)
     return ids
 
@@ -42,7 +42,8 @@ def _check_decode(
     tokenizer, turn: ChatTurn, rendered: RenderedTurn, prompt: list[int], completion: list[int], field: str
 ) -> None:
     """Raise unless the prompt ids decode to the rendered prompt and the completion ids to the stored reply."""
-    got_prompt = tokenizer.decode(prompt, skip_special_tokens=False)
+    tokens = codec(tokenizer)
+    got_prompt = tokens.decode(prompt)
     if got_prompt != rendered.text[: rendered.gen_start]:
         raise RowError(
             "ids_text_mismatch", "prompt_token_ids",
@@ -50,7 +51,7 @@ def _check_decode(
             f"at char {_first_difference(got_prompt, rendered.text[: rendered.gen_start])}",
         )
     want = rendered.text[rendered.gen_start : rendered.gen_end]
-    got = tokenizer.decode(completion, skip_special_tokens=False)
+    got = tokens.decode(completion)
     if got != want:
         at = _first_difference(got, want)
         raise RowError(
@@ -99,7 +100,7 @@ def from_logprobs(
     if row.get("prompt_token_ids") is not None:
         prompt = list(row["prompt_token_ids"])
     else:  # the server encodes the rendered prompt on its own, so one pass over it is what it saw
-        prompt = tokenizer.backend_tokenizer.encode(rendered.text[: rendered.gen_start], add_special_tokens=False).ids
+        prompt = codec(tokenizer).encode(rendered.text[: rendered.gen_start])
     _check_decode(tokenizer, turn, rendered, prompt, completion, "logprob_tokens")
     return _assemble(prompt, completion, "logprobs")
 
@@ -108,26 +109,15 @@ def reencode(tokenizer, rendered: list[RenderedTurn]) -> list[Rebuilt]:
     """Encode each whole rendered conversation in one pass; the mask is the token run covering the reply."""
     if not rendered:
         return []
-    backend = tokenizer.backend_tokenizer
-    encodings = backend.encode_batch([r.text for r in rendered], add_special_tokens=False)
-    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-    flat = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int32, count=int(lengths.sum()))
-    first = np.empty(len(rendered), dtype=np.int64)
-    last = np.empty(len(rendered), dtype=np.int64)
-    for i, (enc, r) in enumerate(zip(encodings, rendered, strict=True)):
-        # The tokenizer's offset mapping gives the tokens holding the reply's first and last characters.
-        a, b = enc.char_to_token(r.gen_start), enc.char_to_token(r.gen_end - 1)
-        if a is None or b is None:
-            a, b = _run_from_offsets(np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2), r)
-        first[i], last[i] = a, b
+    tokens = codec(tokenizer)
+    encoded = tokens.encode_batch([r.text for r in rendered])
+    lengths = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
+    flat = np.fromiter(chain.from_iterable(encoded), dtype=np.int32, count=int(lengths.sum()))
+    runs = [tokens.token_run(ids, r.text, r.gen_start, r.gen_end) for ids, r in zip(encoded, rendered, strict=True)]
+    first = np.fromiter((a for a, _ in runs), dtype=np.int64, count=len(runs))
+    last = np.fromiter((b for _, b in runs), dtype=np.int64, count=len(runs))
     masks = run_masks(lengths, first, last)  # (sum T,)
     splits = np.cumsum(lengths)[:-1]
     ids, masks = np.split(flat, splits), np.split(masks, splits)
-    checks = round_trips(tokenizer, ids, [r.text for r in rendered])
+    checks = [tokens.round_trips(i, r.text) for i, r in zip(ids, rendered, strict=True)]
     return [Rebuilt(i, m, "reencode", ok) for i, m, ok in zip(ids, masks, checks, strict=True)]
-
-
-def _run_from_offsets(offsets: np.ndarray, rendered: RenderedTurn) -> tuple[int, int]:
-    """First and last token overlapping the reply, from offsets (for characters no token claims)."""
-    hits = np.flatnonzero(mask_from_offsets(offsets, rendered.gen_start, rendered.gen_end))
-    return (int(hits[0]), int(hits[-1])) if hits.size else (0, -1)

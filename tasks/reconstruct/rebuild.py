@@ -13,7 +13,9 @@ from tasks.config import ReconstructConfig, TargetConfig
 from tasks.contracts import MASK, TOKEN_IDS, conform, quarantine_row
 from tasks.reconstruct.methods import Rebuilt, from_logprobs, from_server_ids, reencode
 from tasks.reconstruct.render import ChatTurn, RenderedTurn, RowError, parse_turn, render_turns
-from tasks.reconstruct.tokens import EndOfTurn, byte_vocab, resolve_end_of_turn
+from tasks.target.chat import chat_format_of, resolve_end_of_turn
+from tasks.target.formats import ChatFormat
+from tasks.target.tokens import EndOfTurn, byte_vocab
 
 STAGE = "reconstruct"
 
@@ -119,7 +121,7 @@ def _refusal(row: dict, error: RowError) -> dict:
     return quarantine_row(STAGE, row.get("id"), row.get("source"), error.reason, error.detail, error.field)
 
 
-def prepare_rows(tokenizer, rows: list[dict], target: TargetConfig, end_of_turn: EndOfTurn) -> Prepared:
+def prepare_rows(tokenizer, rows: list[dict], chat_format: ChatFormat, config: ReconstructConfig) -> Prepared:
     """Parse and render (pure Python: this is what overlaps with the previous chunk's encode)."""
     prepared = Prepared([], [], [], [])
     parsed = []
@@ -129,7 +131,7 @@ def prepare_rows(tokenizer, rows: list[dict], target: TargetConfig, end_of_turn:
         except RowError as e:
             prepared.quarantine.append(_refusal(row, e))
     turns = [t for _, t in parsed]
-    rendered = render_turns(tokenizer, turns, target.chat_format, end_of_turn.text) if turns else []
+    rendered = render_turns(tokenizer, turns, chat_format, config.echoed_reasoning) if turns else []
     for (row, turn), r in zip(parsed, rendered, strict=True):
         if isinstance(r, RowError):
             prepared.quarantine.append(_refusal(row, r))
@@ -164,13 +166,14 @@ def rebuild_rows(tokenizer, rows: list[dict], target: TargetConfig, config: Reco
     Rows go through in chunks: `encode_threads` workers encode (the tokenizer releases the GIL, so
     they run on separate cores) while the caller's thread renders the next chunk.
     """
-    end_of_turn = resolve_end_of_turn(tokenizer, target.end_of_turn, target.chat_format)
+    end_of_turn = resolve_end_of_turn(tokenizer, target)
+    chat_format = chat_format_of(tokenizer, target)
     chunks = [rows[i : i + config.pipeline_rows] for i in range(0, len(rows), config.pipeline_rows)] or [[]]
     results: list[RebuildResult] = []
     with ThreadPoolExecutor(max_workers=config.encode_threads, thread_name_prefix="reconstruct-encode") as encoders:
         in_flight: deque = deque()
         for chunk in chunks:
-            prepared = prepare_rows(tokenizer, chunk, target, end_of_turn)
+            prepared = prepare_rows(tokenizer, chunk, chat_format, config)
             in_flight.append(encoders.submit(finish_rows, tokenizer, prepared, target, config, end_of_turn))
             while len(in_flight) > config.encode_threads:
                 results.append(in_flight.popleft().result())

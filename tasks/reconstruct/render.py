@@ -1,4 +1,10 @@
-"""Render a generation row as the target's chat template would: one string, plus where the reply sits in it."""
+"""Render a generation row as text: the target's own prompt, then the generated turn as the model wrote it.
+
+prompt     = the tokenizer's chat template over the prompt turns, with the generation prompt and the
+             template kwargs the request carried (thinking on/off lives there);
+completion = the reply's channels serialized by the target's chat format (reasoning markers, content,
+             tool-call section with the model's own ids, end-of-turn token unless the reply was cut).
+"""
 
 from __future__ import annotations
 
@@ -6,19 +12,13 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 
-from tasks.reconstruct.adapters import adapt_message
+from tasks.target.chat import template_messages
+from tasks.target.formats import ChatFormat, Reply, RowError, ToolCall
 
 TRUNCATED = "length"
+NOT_VERBATIM = ("summary", "encrypted")
 
-
-class RowError(ValueError):
-    """A row that cannot be rebuilt; `reason` is the short kind counted in quarantine, `field` the culprit."""
-
-    def __init__(self, reason: str, field: str | None, detail: str):
-        super().__init__(detail)
-        self.reason = reason
-        self.field = field
-        self.detail = detail
+__all__ = ["ChatTurn", "RenderedTurn", "RowError", "parse_turn", "render_turns", "prompt_plain_text"]
 
 
 @dataclass(frozen=True)
@@ -33,19 +33,11 @@ class ChatTurn:
     content: str | None
     tool_calls: list[dict] | None
     finish_reason: str | None
+    template_kwargs: dict
 
     @property
     def truncated(self) -> bool:
         return self.finish_reason == TRUNCATED
-
-    def reply_message(self) -> dict:
-        """The generated turn as an assistant message (reasoning as `reasoning_content`, arguments kept as text)."""
-        message = {"role": "assistant", "content": self.content or ""}
-        if self.reasoning is not None:
-            message["reasoning_content"] = self.reasoning
-        if self.tool_calls:
-            message["tool_calls"] = self.tool_calls
-        return message
 
 
 @dataclass(frozen=True)
@@ -76,12 +68,20 @@ def parse_turn(row: dict) -> ChatTurn:
     messages = _json_field(row, "messages", list)
     if not messages:
         raise RowError("no_prompt", "messages", f"row {row.get('id')!r}: messages is empty")
+    if row.get("reasoning_kind") in NOT_VERBATIM:
+        raise RowError(
+            "reasoning_not_verbatim",
+            "reasoning",
+            f"row {row.get('id')!r}: the API returned only a {row['reasoning_kind']} of the reasoning, "
+            "not the text the model generated",
+        )
     tool_calls = _json_field(row, "tool_calls", list) or None
     for i, call in enumerate(tool_calls or []):
         arguments = (call.get("function") or {}).get("arguments") if isinstance(call, dict) else None
         if not isinstance(arguments, str):
             raise RowError(
-                "bad_tool_call", "tool_calls",
+                "bad_tool_call",
+                "tool_calls",
                 f"row {row.get('id')!r}: tool_calls[{i}].function.arguments must be a JSON string",
             )
     return ChatTurn(
@@ -93,7 +93,33 @@ def parse_turn(row: dict) -> ChatTurn:
         content=row.get("content"),
         tool_calls=tool_calls,
         finish_reason=row.get("finish_reason"),
+        template_kwargs=_json_field(row, "template_kwargs", dict) or {},
     )
+
+
+def reply_of(turn: ChatTurn, chat_format: ChatFormat, echoed: str) -> Reply:
+    """The turn's channels as a Reply; reasoning the API also echoed into the content is refused or stripped."""
+    content = turn.content or ""
+    reasoning = turn.reasoning
+    head = content.lstrip()
+    opener = chat_format.think[0].strip() if chat_format.think else None
+    copy = reasoning.strip() if reasoning and reasoning.strip() else None
+    if (copy and head.startswith(copy)) or (opener and head.startswith(opener)):
+        if echoed == "quarantine":
+            raise RowError(
+                "reasoning_echoed",
+                "content",
+                f"row {turn.id!r}: the content repeats the reasoning (set reconstruct.echoed_reasoning: strip to drop it)",
+            )
+        if opener and head.startswith(opener) and chat_format.think[1].strip() in head:
+            head = head.split(chat_format.think[1].strip(), 1)[1]
+        elif copy:
+            head = head[len(copy) :]
+        content = head.lstrip()
+    calls = tuple(
+        ToolCall(c["function"].get("name") or "", c["function"]["arguments"], c.get("id")) for c in turn.tool_calls or []
+    )
+    return Reply(reasoning, content, calls, turn.truncated)
 
 
 def prompt_plain_text(messages: list[dict]) -> str:
@@ -107,84 +133,52 @@ def prompt_plain_text(messages: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
-def _render_batch(tokenizer, conversations: list[list[dict]], tools: list | None, generation_prompt: bool) -> list[str]:
-    return tokenizer.apply_chat_template(
-        conversations, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
-    )
-
-
-def render_texts(tokenizer, conversations: list[list[dict]], tools: list[list | None], generation_prompt: bool) -> list[str]:
-    """Render many conversations with the tokenizer's own template, one call per distinct tool list."""
+def render_prompts(tokenizer, turns: list[ChatTurn]) -> list[str]:
+    """Each turn's prompt with the generation prompt, one template call per distinct (tools, kwargs)."""
     groups: dict[str, list[int]] = defaultdict(list)
-    for i, t in enumerate(tools):
-        groups[json.dumps(t, sort_keys=True) if t else ""].append(i)
-    out: list[str] = [""] * len(conversations)
-    for key, idx in groups.items():
-        texts = _render_batch(tokenizer, [conversations[i] for i in idx], tools[idx[0]] if key else None, generation_prompt)
+    for i, t in enumerate(turns):
+        groups[json.dumps([t.tools, t.template_kwargs], sort_keys=True)].append(i)
+    out: list[str] = [""] * len(turns)
+    for idx in groups.values():
+        first = turns[idx[0]]
+        texts = tokenizer.apply_chat_template(
+            [template_messages(turns[i].messages) for i in idx],
+            tools=first.tools,
+            tokenize=False,
+            add_generation_prompt=True,
+            **first.template_kwargs,
+        )
         for i, text in zip(idx, texts, strict=True):
             out[i] = text
     return out
 
 
-def _dropped_fields(tokenizer, turn: ChatTurn, chat_format: str, full: str) -> list[str]:
-    """Channels of the reply the template silently leaves out (rendering without them changes nothing)."""
-    dropped = []
-    prompt = [adapt_message(m, chat_format) for m in turn.messages]
-    for field in ("reasoning", "tool_calls"):
-        if not getattr(turn, field):
-            continue
-        reduced = turn.reply_message()
-        reduced.pop("reasoning_content" if field == "reasoning" else "tool_calls")
-        without = _render_batch(tokenizer, [prompt + [adapt_message(reduced, chat_format)]], turn.tools, False)[0]
-        if without == full:
-            dropped.append(field)
-    return dropped
+def render_turn(turn: ChatTurn, prompt: str, chat_format: ChatFormat, echoed: str) -> RenderedTurn:
+    completion = chat_format.completion(reply_of(turn, chat_format, echoed), prompt, turn.messages, turn.id)
+    return RenderedTurn(prompt + completion, len(prompt), len(prompt) + len(completion), prompt_plain_text(turn.messages))
 
 
-def render_turns(tokenizer, turns: list[ChatTurn], chat_format: str, end_of_turn: str) -> list[RenderedTurn | RowError]:
-    """Render each turn's prompt and whole conversation; locate the reply between them."""
-    prompts = [[adapt_message(m, chat_format) for m in t.messages] for t in turns]
-    fulls = [p + [adapt_message(t.reply_message(), chat_format)] for p, t in zip(prompts, turns, strict=True)]
-    tools = [t.tools for t in turns]
+def render_turns(
+    tokenizer, turns: list[ChatTurn], chat_format: ChatFormat, echoed: str = "quarantine"
+) -> list[RenderedTurn | RowError]:
+    """Render every turn; a row the template or the format cannot express becomes its RowError."""
     try:
-        prompt_texts = render_texts(tokenizer, prompts, tools, True)
-        full_texts = render_texts(tokenizer, fulls, tools, False)
+        prompts = render_prompts(tokenizer, turns)
     except Exception:  # one bad row must not sink the batch: retry row by row to name it
         if len(turns) == 1:
             raise
-        return [r for t in turns for r in _render_one(tokenizer, t, chat_format, end_of_turn)]
-    return [
-        locate_reply(tokenizer, t, chat_format, end_of_turn, p, f)
-        for t, p, f in zip(turns, prompt_texts, full_texts, strict=True)
-    ]
+        return [r for t in turns for r in _render_one(tokenizer, t, chat_format, echoed)]
+    out: list[RenderedTurn | RowError] = []
+    for turn, prompt in zip(turns, prompts, strict=True):
+        try:
+            out.append(render_turn(turn, prompt, chat_format, echoed))
+        except RowError as e:
+            out.append(e)
+    return out
 
 
-def _render_one(tokenizer, turn: ChatTurn, chat_format: str, end_of_turn: str) -> list[RenderedTurn | RowError]:
+def _render_one(tokenizer, turn: ChatTurn, chat_format: ChatFormat, echoed: str) -> list[RenderedTurn | RowError]:
     try:
-        return render_turns(tokenizer, [turn], chat_format, end_of_turn)
+        return render_turns(tokenizer, [turn], chat_format, echoed)
     except Exception as e:  # the template raised on this row's content
         return [RowError("template_error", "messages", f"row {turn.id!r}: chat template raised {type(e).__name__}: {e}")]
-
-
-def locate_reply(
-    tokenizer, turn: ChatTurn, chat_format: str, end_of_turn: str, prompt: str, full: str
-) -> RenderedTurn | RowError:
-    """The reply starts where the rendered prompt (with its generation header) ends and runs through end-of-turn."""
-    if not full.startswith(prompt):
-        return RowError(
-            "template_not_prefix", "messages",
-            f"row {turn.id!r}: the rendered prompt is not a prefix of the rendered conversation",
-        )
-    stop = full.rfind(end_of_turn)
-    if stop < len(prompt):
-        return RowError("no_end_of_turn", "content", f"row {turn.id!r}: the reply renders without {end_of_turn!r}")
-    dropped = _dropped_fields(tokenizer, turn, chat_format, full)
-    if dropped:
-        return RowError(
-            "template_drops_field", dropped[0],
-            f"row {turn.id!r}: the chat template cannot express {dropped[0]} "
-            f"(set target.chat_format to an adapter or target.chat_template)",
-        )
-    if turn.truncated:  # the model was cut off: it never produced the end-of-turn token or anything after it
-        return RenderedTurn(full[:stop], len(prompt), stop, prompt_plain_text(turn.messages))
-    return RenderedTurn(full, len(prompt), stop + len(end_of_turn), prompt_plain_text(turn.messages))

@@ -15,7 +15,7 @@ from tasks.config import RunConfig
 from tasks.contracts import read_table, schema, write_table
 from tasks.failpoints import failpoint
 from tasks.reconstruct.rebuild import rebuild_rows
-from tasks.reconstruct.tokens import resolve_end_of_turn
+from tasks.target.chat import resolve_end_of_turn
 from tasks.target.loader import load_tokenizer
 
 STAGE_DIR = "reconstructed"
@@ -97,8 +97,8 @@ def gate_frame(config: RunConfig) -> pd.DataFrame:
 
 def gate_parameters(config: RunConfig) -> dict:
     tokenizer = load_tokenizer(config.target)
-    end_of_turn = resolve_end_of_turn(tokenizer, config.target.end_of_turn, config.target.chat_format)
-    return {"end_of_turn_ids": [end_of_turn.id], "max_length": config.target.max_length}
+    end_of_turn = resolve_end_of_turn(tokenizer, config.target)
+    return {"end_of_turn_ids": list(end_of_turn.ids), "max_length": config.target.max_length}
 
 
 def summarize(config: RunConfig, shards: list[Shard], results: list[dict]) -> dict:

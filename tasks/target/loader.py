@@ -114,7 +114,7 @@ def load_tokenizer(cfg: TargetConfig):
             str(directory), trust_remote_code=trust_remote_code(cfg, directory)
         )
     if cfg.chat_template is not None:
-        tokenizer.chat_template = Path(cfg.chat_template).read_text(encoding="utf-8")
+        tokenizer.chat_template = resolve_path(cfg.chat_template).read_text(encoding="utf-8")
     _tokenizers[key] = tokenizer
     return tokenizer
 

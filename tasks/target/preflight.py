@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from prefect import task
 
 from tasks.config import TargetConfig
+from tasks.target.chat import chat_format_of
+from tasks.target.formats import ChatFormat, FormatError
 from tasks.target.loader import load_tokenizer
+from tasks.target.tokens import codec
 
 # A conversation that exercises every part of a chat format: system, user, reasoning, tool call,
 # tool result and a final answer. Rendering it shows which special tokens the template emits.
@@ -63,6 +66,8 @@ class TokenCheck:
 @dataclass
 class PreflightReport:
     target: str
+    chat_format: str
+    tokenizer_class: str
     end_of_turn: str
     end_of_turn_id: int | None
     trust_remote_code: bool
@@ -112,37 +117,36 @@ def added_tokens(tokenizer) -> dict[str, int]:
     return dict(tokenizer.get_added_vocab())
 
 
-def resolve_end_of_turn(tokenizer, cfg: TargetConfig) -> str:
-    """The text that ends an assistant turn: configured, else the template's, else eos (not yet verified)."""
-    from tasks.reconstruct.tokens import end_of_turn_from_template
-
-    from_template = end_of_turn_from_template(tokenizer, cfg.chat_format) if tokenizer.chat_template else None
-    text = cfg.end_of_turn or from_template or tokenizer.eos_token
-    if not text:
-        raise PreflightError("cannot resolve the end-of-turn token: no chat template, no eos; set target.end_of_turn")
-    return text
+def resolve_format(tokenizer, cfg: TargetConfig) -> ChatFormat:
+    """The chat format (configured or detected), or PreflightError saying what to set."""
+    try:
+        return chat_format_of(tokenizer, cfg)
+    except FormatError as e:
+        raise PreflightError(str(e)) from None
 
 
-def candidate_markers(tokenizer, cfg: TargetConfig, end_of_turn: str) -> list[str]:
-    """Every token text the chat format uses: in the template or its render, pinned, or named."""
+def candidate_markers(tokenizer, cfg: TargetConfig, end_of_turn: str, chat_format: ChatFormat) -> list[str]:
+    """Every token text the chat format uses: in the template or its render, the format's, pinned, or named."""
     template = tokenizer.chat_template or ""
     rendered = render_probe(tokenizer)
     added = added_tokens(tokenizer)
     used = [t for t in added if t and (t in template or t in rendered)]
     used += [m for m in COMMON_MARKERS if m in template or m in rendered]
     named = [tokenizer.bos_token, tokenizer.eos_token, getattr(tokenizer, "pad_token", None), end_of_turn]
-    ordered = [end_of_turn, *used, *named, *cfg.special_tokens, *cfg.extra_markers]
+    written = [m for m in chat_format.markers if m in added or m in template]
+    ordered = [end_of_turn, *written, *used, *named, *cfg.special_tokens, *cfg.extra_markers]
     return list(dict.fromkeys(t for t in ordered if t))
 
 
 def check_token(tokenizer, text: str, role: str, pinned: int | None) -> TokenCheck:
+    tokens = codec(tokenizer)
     token_id = tokenizer.convert_tokens_to_ids(text)
     if token_id == tokenizer.unk_token_id and text != tokenizer.unk_token:
         token_id = None
-    encoded = tokenizer.encode(text, add_special_tokens=False)
+    encoded = tokens.encode(text)
     if token_id is None and len(encoded) == 1:
         token_id = encoded[0]
-    decoded = tokenizer.decode([token_id], skip_special_tokens=False) if token_id is not None else None
+    decoded = tokens.decode([token_id]) if token_id is not None else None
     check = TokenCheck(text, role, token_id, pinned, decoded, encoded)
     if token_id is None:
         check.problems.append(
@@ -155,8 +159,9 @@ def check_token(tokenizer, text: str, role: str, pinned: int | None) -> TokenChe
         if encoded != [token_id]:
             check.problems.append(f"token {text!r}: encodes to {encoded}, expected the single id [{token_id}]")
     if pinned is not None and token_id is not None and pinned != token_id:
-        real = tokenizer.decode([pinned], skip_special_tokens=False) if 0 <= pinned < len(tokenizer) else None
-        shown = f"decodes to {real!r}" if real is not None else f"is outside the vocabulary (size {len(tokenizer)})"
+        size = len(tokens.table)
+        real = tokens.decode([pinned]) if 0 <= pinned < size else None
+        shown = f"decodes to {real!r}" if real is not None else f"is outside the vocabulary (size {size})"
         check.problems.append(
             f"token {text!r}: the config pins id {pinned}, which {shown}; the right id is {token_id}"
         )
@@ -166,14 +171,17 @@ def check_token(tokenizer, text: str, role: str, pinned: int | None) -> TokenChe
 def run_preflight(cfg: TargetConfig, tokenizer=None) -> PreflightReport:
     """Resolve and round-trip every special token of the target's chat format."""
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
-    end_of_turn = resolve_end_of_turn(tokenizer, cfg)
+    chat_format = resolve_format(tokenizer, cfg)
+    end_of_turn = cfg.end_of_turn or chat_format.end_of_turn
     checks = [
         check_token(tokenizer, text, classify_marker(text, end_of_turn, tokenizer), cfg.special_tokens.get(text))
-        for text in candidate_markers(tokenizer, cfg, end_of_turn)
+        for text in candidate_markers(tokenizer, cfg, end_of_turn, chat_format)
     ]
     eot = next((c.token_id for c in checks if c.text == end_of_turn), None)
     return PreflightReport(
         target=cfg.model,
+        chat_format=chat_format.name,
+        tokenizer_class=type(tokenizer).__name__,
         end_of_turn=end_of_turn,
         end_of_turn_id=eot,
         trust_remote_code=cfg.trust_remote_code,
@@ -186,7 +194,10 @@ def render_table(report: PreflightReport):
     """A rich table for the terminal."""
     from rich.table import Table
 
-    title = f"preflight: {report.target} (end of turn {report.end_of_turn!r} = {report.end_of_turn_id})"
+    title = (
+        f"preflight: {report.target} ({report.tokenizer_class}, chat format {report.chat_format}, "
+        f"end of turn {report.end_of_turn!r} = {report.end_of_turn_id})"
+    )
     if report.trust_remote_code:
         title += " [trust_remote_code ON]"
     table = Table(title=title)
@@ -209,6 +220,7 @@ def report_markdown(report: PreflightReport) -> str:
     lines = [
         f"# Preflight: `{report.target}`",
         "",
+        f"Tokenizer: `{report.tokenizer_class}`. Chat format: `{report.chat_format}`. "
         f"End of turn: `{report.end_of_turn}` = {report.end_of_turn_id}. "
         f"Chat template: {'yes' if report.has_template else 'none'}. "
         f"trust_remote_code: {'ON' if report.trust_remote_code else 'off'}.",
@@ -239,4 +251,7 @@ def preflight_task(cfg: TargetConfig) -> dict:
     if not report.ok:
         raise PreflightError("preflight failed:\n" + "\n".join(f"  - {p}" for p in report.problems))
     logger.info("preflight ok: %d tokens, end of turn %r = %s", len(report.checks), report.end_of_turn, report.end_of_turn_id)
-    return {"end_of_turn": report.end_of_turn, "end_of_turn_id": report.end_of_turn_id, "tokens": len(report.checks)}
+    return {
+        "end_of_turn": report.end_of_turn, "end_of_turn_id": report.end_of_turn_id, "tokens": len(report.checks),
+        "chat_format": report.chat_format,
+    }

@@ -9,17 +9,7 @@ import json
 
 import torch
 
-from tasks.reconstruct.tokens import EndOfTurn, _byte_decoder
-
-
-def token_bytes(tokenizer, token_id: int) -> tuple[str, bytes]:
-    """(token string as a server shows it, its true bytes)."""
-    piece = tokenizer.convert_ids_to_tokens(token_id)
-    if piece in tokenizer.get_added_vocab():
-        return piece, piece.encode("utf-8")
-    decoder = _byte_decoder()
-    raw = bytes(decoder[c] for c in piece)
-    return raw.decode("utf-8", errors="replace"), raw
+from tasks.target.tokens import EndOfTurn, codec
 
 
 @torch.no_grad()
@@ -41,7 +31,8 @@ def sample_generations(
     for b in range(0, len(prompts), batch_size):
         batch = prompts[b : b + batch_size]
         texts = tokenizer.apply_chat_template(batch, tokenize=False, add_generation_prompt=True)
-        encoded = [tokenizer.backend_tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
+        tokens = codec(tokenizer)
+        encoded = tokens.encode_batch(texts)
         width = max(len(e) for e in encoded)
         input_ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])  # (B, P) left-padded
         attention = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
@@ -59,7 +50,8 @@ def sample_generations(
                 finish = "stop"
             entries = []
             for k, token_id in enumerate(completion):
-                text, raw = token_bytes(tokenizer, token_id)
+                raw = tokens.bytes_of(token_id)
+                text = raw.decode("utf-8", errors="replace")
                 entries.append({"token": text, "bytes": raw, "logprob": float(logprobs[i, k, token_id])})
             body = completion[:-1] if finish == "stop" else completion
             rows.append({
@@ -68,7 +60,7 @@ def sample_generations(
                 "messages": json.dumps(batch[i], ensure_ascii=False),
                 "tools": None,
                 "reasoning": None,
-                "content": tokenizer.decode(body, skip_special_tokens=False),
+                "content": tokens.decode(body),
                 "tool_calls": None,
                 "finish_reason": finish,
                 "truncated": finish == "length",

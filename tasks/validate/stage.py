@@ -13,14 +13,16 @@ from tasks.config import RunConfig
 from tasks.contracts import atomic_path, read_table, write_table
 from tasks.failpoints import failpoint
 from tasks.reconstruct.methods import truth_ids
-from tasks.reconstruct.tokens import resolve_end_of_turn
+from tasks.target.chat import resolve_end_of_turn
 from tasks.target.loader import load_tokenizer
-from tasks.validate.classify import UNVERIFIED, Verdict, classify_ids, through_turn_end
+from tasks.validate.classify import EXACT, UNVERIFIED, Verdict, classify_ids, through_turn_end
 from tasks.validate.report import rates_frame, report_markdown
 from tasks.validate.simulate import simulate_rows
 
 STAGE_DIR = "validation"
-TRUTH_COLUMNS = ["id", "source", "messages", "tools", "finish_reason", "prompt_token_ids", "token_ids"]
+TRUTH_COLUMNS = [
+    "id", "source", "messages", "tools", "finish_reason", "prompt_token_ids", "token_ids", "template_kwargs",
+]
 
 
 def out_dir(config: RunConfig) -> Path:
@@ -52,25 +54,36 @@ def load_truth(config: RunConfig, ids: set[str]) -> dict[str, dict]:
     return out
 
 
+def with_logprob_truth(generation: dict, rebuilt: dict) -> dict:
+    """A logprobs row's ids come from the model's own token stream: they serve as its truth for simulate."""
+    ids, mask = np.asarray(rebuilt["input_ids"]), np.asarray(rebuilt["loss_mask"])
+    trained = np.flatnonzero(mask)
+    return {**generation, "prompt_token_ids": ids[: trained[0]].tolist(), "token_ids": ids[trained[0] : trained[-1] + 1].tolist()}
+
+
 def validate_part(config: RunConfig, part: Path) -> dict:
     """Check (and simulate) the rows of one reconstructed part; writes validation/<same name>."""
     tokenizer = load_tokenizer(config.target)
-    end_of_turn = resolve_end_of_turn(tokenizer, config.target.end_of_turn, config.target.chat_format)
+    end_of_turn = resolve_end_of_turn(tokenizer, config.target)
     context = config.validation.context_tokens
     rebuilt = read_table("reconstructed", part, columns=["id", "source", "input_ids", "loss_mask", "method", "round_trip"])
     truth_rows = load_truth(config, set(rebuilt.column("id").to_pylist()))
-    records = []
+    records, playable = [], []
     for row in rebuilt.to_pylist():
         generation = truth_rows.get(row["id"])
         truth = truth_ids(generation, end_of_turn) if generation else None
-        if truth is None:
+        if row["method"] == "logprobs" and generation:
+            verdict = Verdict(EXACT)  # the ids are the model's own tokens, checked against the text when rebuilt
+            playable.append(with_logprob_truth(generation, row))
+        elif truth is None:
             verdict = Verdict(UNVERIFIED)
         else:
             ids = through_turn_end(np.asarray(row["input_ids"]), np.asarray(row["loss_mask"]))
             verdict = classify_ids(tokenizer, truth, ids, context)
+            playable.append(generation)
         records.append(_record(row["id"], row["source"], row["method"], "check", verdict, row["round_trip"]))
     if config.validation.simulate:
-        for generation, verdict in simulate_rows(tokenizer, list(truth_rows.values()), config.target, end_of_turn, context):
+        for generation, verdict in simulate_rows(tokenizer, playable, config.target, end_of_turn, context):
             records.append(_record(generation["id"], generation["source"], "reencode", "simulate", verdict, True))
     output = out_dir(config) / part.name
     write_table("validation", records, output)
@@ -119,15 +132,34 @@ def summarize(config: RunConfig, parts: list[Path]) -> dict:
 
 
 def gate_frame(config: RunConfig) -> pd.DataFrame:
-    """Per-source scalar rates of the `check` rows (what the merge stage trusts) for the `validation` suite."""
+    """One row per source for the `validation` suite: check rates, simulate rates and the verified share.
+
+    A text-only source has no check truth; its simulate rates (the re-encode error of its own format,
+    measured on its verified rows) and `verified_share` are what gate it.
+    """
     rates = pd.read_parquet(out_dir(config) / "rates.parquet")
-    return rates[rates["mode"] == "check"][["source", "rows", "semantic_rate", "bpe_only_rate"]].reset_index(drop=True)
+    check = rates[rates["mode"] == "check"].set_index("source")
+    simulate = rates[rates["mode"] == "simulate"].set_index("source").reindex(check.index)
+    frame = pd.DataFrame({
+        "source": check.index,
+        "rows": check["rows"].to_numpy(),
+        "verified_share": (check["verified"] / check["rows"].where(check["rows"] > 0, 1)).to_numpy(dtype="float64"),
+        "semantic_rate": check["semantic_rate"].to_numpy(),
+        "bpe_only_rate": check["bpe_only_rate"].to_numpy(),
+        "simulate_semantic_rate": simulate["semantic_rate"].fillna(0.0).to_numpy(),
+        "simulate_bpe_only_rate": simulate["bpe_only_rate"].fillna(0.0).to_numpy(),
+    })
+    return frame.reset_index(drop=True)
 
 
 def gate_parameters(config: RunConfig) -> dict:
+    v = config.validation
     return {
-        "max_semantic_rate": config.validation.max_semantic_rate,
-        "max_bpe_only_rate": config.validation.max_bpe_only_rate,
+        "max_semantic_rate": v.max_semantic_rate,
+        "max_bpe_only_rate": v.max_bpe_only_rate,
+        "max_simulate_semantic_rate": v.max_simulate_semantic_rate,
+        "max_simulate_bpe_only_rate": v.max_simulate_bpe_only_rate,
+        "min_verified_share": v.min_verified_share,
     }
 
 

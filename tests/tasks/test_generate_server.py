@@ -10,8 +10,9 @@ import pytest
 from tasks.config import ApiConfig, GenerateConfig, RequestConfig, RunConfig, SourceConfig
 from tasks.contracts import read_table
 from tasks.generate.embedded import embedded_server
-from tasks.generate.server import TemplateMarkers, TokenBytes, shape_message
 from tasks.generate.stage import run_generate
+from tasks.target.formats import QWEN3
+from tasks.target.tokens import codec
 
 MAX_TOKENS = 16
 
@@ -59,12 +60,12 @@ def test_reply_carries_exact_prompt_ids_generated_ids_and_true_bytes(served, dem
 
 
 def test_token_bytes_are_partial_for_pieces_of_a_multibyte_character(demo_tokenizer):
-    token_bytes = TokenBytes(demo_tokenizer)
+    tokens = codec(demo_tokenizer)
     ids = demo_tokenizer.encode("🦜", add_special_tokens=False)
-    pieces = [token_bytes(i) for i in ids]
+    pieces = [tokens.bytes_of(i) for i in ids]
     assert len(ids) > 1 and b"".join(pieces) == "🦜".encode()
     assert any(_invalid_utf8(p) for p in pieces)
-    assert token_bytes(demo_tokenizer.convert_tokens_to_ids("<|im_end|>")) == b"<|im_end|>"
+    assert tokens.bytes_of(demo_tokenizer.convert_tokens_to_ids("<|im_end|>")) == b"<|im_end|>"
 
 
 def _invalid_utf8(raw: bytes) -> bool:
@@ -124,13 +125,11 @@ def test_bad_requests_get_400_with_the_reason(served):
     assert reply.status_code == 400 and "messages" in reply.json()["error"]["message"]
 
 
-def test_template_markers_split_reasoning_and_tool_calls():
-    markers = TemplateMarkers(think=("<think>", "</think>"), tool_calls=True)
-    text = '<think>\nweigh it\n</think>\n\nCalling.<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
-    reasoning, content, calls = shape_message(text, markers)
-    assert reasoning == "weigh it" and content == "Calling."
-    assert calls[0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
-    assert shape_message("plain", TemplateMarkers(None, False)) == (None, "plain", None)
+def test_a_reply_is_split_into_reasoning_and_tool_calls_by_its_format():
+    text = '<think>\nweigh it\n</think>\n\nCalling.\n<tool_call>\n{"name": "f", "arguments": {"x":  1}}\n</tool_call>'
+    reply = QWEN3.parse(text, "<|im_start|>assistant\n")
+    assert reply.reasoning == "weigh it" and reply.content == "Calling."
+    assert reply.tool_calls[0].as_openai()["function"] == {"name": "f", "arguments": '{"x":  1}'}  # bytes kept
 
 
 def test_stage_over_the_embedded_server_stores_ground_truth(served, tmp_path, demo_tokenizer):
@@ -165,7 +164,7 @@ def test_stage_over_the_embedded_server_stores_ground_truth(served, tmp_path, de
     summary = run_generate(config)
     assert summary["rows"] == 3 and summary["failed"] == 0
     rows = read_table("generations", tmp_path / "emb" / "generations").to_pylist()
-    token_bytes = TokenBytes(demo_tokenizer)
+    tokens = codec(demo_tokenizer)
     for row in rows:
         ids = row["token_ids"]
         ended = ids[-1] == demo_tokenizer.eos_token_id
@@ -173,7 +172,7 @@ def test_stage_over_the_embedded_server_stores_ground_truth(served, tmp_path, de
         assert row["truncated"] == (row["finish_reason"] == "length") and row["provider"] == "embedded"
         rendered = demo_tokenizer.decode(row["prompt_token_ids"] + ids)
         assert json.loads(row["messages"])[-1]["content"] in rendered
-        assert [e["bytes"] for e in row["logprob_tokens"]] == [token_bytes(i) for i in ids]
+        assert [e["bytes"] for e in row["logprob_tokens"]] == [tokens.bytes_of(i) for i in ids]
     assert json.loads(next(r for r in rows if r["id"] == "t:c")["tools"]) == tools
 
 

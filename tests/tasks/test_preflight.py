@@ -1,7 +1,8 @@
 import pytest
 
 from tasks.config import TargetConfig
-from tasks.target.preflight import resolve_end_of_turn, run_preflight
+from tasks.target.chat import resolve_end_of_turn
+from tasks.target.preflight import PreflightError, run_preflight
 
 
 def test_smollm2_gguf_passes(demo_target, demo_tokenizer):
@@ -44,9 +45,26 @@ def test_marker_that_is_not_a_single_token(demo_target, demo_tokenizer):
     assert "'<|im_assistant|>': not a single token" in problem
 
 
-def test_end_of_turn_from_template_and_config(demo_tokenizer):
-    assert resolve_end_of_turn(demo_tokenizer, TargetConfig()) == "<|im_end|>"
-    assert resolve_end_of_turn(demo_tokenizer, TargetConfig(end_of_turn="<|endoftext|>")) == "<|endoftext|>"
+def test_end_of_turn_from_the_format_and_config(demo_tokenizer):
+    assert resolve_end_of_turn(demo_tokenizer, TargetConfig()).text == "<|im_end|>"
+    assert resolve_end_of_turn(demo_tokenizer, TargetConfig(end_of_turn="<|endoftext|>")).text == "<|endoftext|>"
+
+
+def test_chat_format_is_detected_and_named_in_the_report(demo_target, demo_tokenizer):
+    report = run_preflight(demo_target, demo_tokenizer)
+    assert report.chat_format == "chatml" and report.tokenizer_class
+
+
+def test_an_unknown_chat_format_is_a_named_error(demo_target):
+    with pytest.raises(ValueError, match="chat_format"):
+        demo_target.model_copy(update={}).model_validate({"chat_format": "kimi-k9"})
+
+
+def test_a_template_no_format_matches_fails_preflight(demo_target, demo_tokenizer):
+    tokenizer = demo_tokenizer.__class__(tokenizer_object=demo_tokenizer.backend_tokenizer, eos_token="<|im_end|>")
+    tokenizer.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    with pytest.raises(PreflightError, match="matches no known format"):
+        run_preflight(demo_target, tokenizer)
 
 
 def test_trust_remote_code_is_reported(demo_target, demo_tokenizer):

@@ -12,7 +12,8 @@ from tasks.contracts import read_table, write_table
 from tasks.reconstruct.mask import mask_from_offsets, run_masks
 from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.reconstruct.stage import plan_shards, run_reconstruct
-from tasks.reconstruct.tokens import TokenResolutionError, resolve_end_of_turn
+from tasks.target.chat import resolve_end_of_turn
+from tasks.target.tokens import TokenResolutionError
 
 
 def truth(row: dict) -> list[int]:
@@ -24,10 +25,10 @@ def rebuild(tokenizer, rows, methods, target=None):
 
 
 def test_end_of_turn_is_resolved_and_checked(demo_tokenizer):
-    eot = resolve_end_of_turn(demo_tokenizer, None, "template")
+    eot = resolve_end_of_turn(demo_tokenizer, TargetConfig())
     assert (eot.text, eot.id) == ("<|im_end|>", demo_tokenizer.convert_tokens_to_ids("<|im_end|>"))
     with pytest.raises(TokenResolutionError, match="not one token"):
-        resolve_end_of_turn(demo_tokenizer, "</end>", "template")
+        resolve_end_of_turn(demo_tokenizer, TargetConfig(end_of_turn="</end>"))
 
 
 def test_mask_from_offsets_covers_tokens_touching_the_reply():
@@ -56,7 +57,7 @@ def test_logprob_bytes_give_the_same_ids_as_the_server(demo_tokenizer, sampled_g
 
 def test_reencode_mask_matches_the_server_split_when_ids_agree(demo_tokenizer, sampled_generations):
     reencoded = rebuild(demo_tokenizer, sampled_generations, ["reencode"]).table.to_pylist()
-    eot = resolve_end_of_turn(demo_tokenizer, None, "template")
+    eot = resolve_end_of_turn(demo_tokenizer, TargetConfig())
     for row, out in zip(sampled_generations, reencoded, strict=True):
         assert out["method"] == "reencode" and out["round_trip"]
         mask = np.asarray(out["loss_mask"])
@@ -89,8 +90,9 @@ def test_rows_that_cannot_be_rebuilt_name_their_reason_and_field(demo_tokenizer)
         row("ok"),
         row("bad-json", messages="[{"),
         row("args-not-string", tool_calls=json.dumps([{"function": {"name": "f", "arguments": {"a": 1}}}])),
-        row("tool-dropped", content="", tool_calls=json.dumps(call)),
-        row("reasoning-dropped", reasoning="hmm"),
+        row("tool-call", content="", tool_calls=json.dumps(call)),
+        row("bad-arguments", content="", tool_calls=json.dumps([{**call[0], "function": {"name": "f", "arguments": "{a"}}])),
+        row("reasoning", reasoning="hmm"),
         row("too-long", content="word " * 400),
     ]
     result = rebuild(demo_tokenizer, rows, ["reencode"], TargetConfig(max_length=200))
@@ -98,11 +100,11 @@ def test_rows_that_cannot_be_rebuilt_name_their_reason_and_field(demo_tokenizer)
     assert got == {
         "bad-json": ("bad_json", "messages"),
         "args-not-string": ("bad_tool_call", "tool_calls"),
-        "tool-dropped": ("template_drops_field", "tool_calls"),
-        "reasoning-dropped": ("template_drops_field", "reasoning"),
+        "bad-arguments": ("bad_tool_arguments", "tool_calls"),
+        "reasoning": ("format_cannot_express", "reasoning"),  # ChatML has no reasoning channel
         "too-long": ("too_long", "input_ids"),
     }
-    assert result.table.column("id").to_pylist() == ["ok"]
+    assert result.table.column("id").to_pylist() == ["ok", "tool-call"]
 
 
 def test_truncated_reply_trains_up_to_its_last_generated_token(demo_tokenizer):

