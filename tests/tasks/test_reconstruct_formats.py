@@ -163,7 +163,8 @@ def test_thinking_off_in_the_request_renders_the_closed_block(family_tokenizers)
     ids, mask = result.table.column("input_ids")[0].as_py(), result.table.column("loss_mask")[0].as_py()
     text = codec(tokenizer).decode(ids)
     assert text.endswith("<think></think>The capital of France is Paris.<|im_end|>")
-    assert codec(tokenizer).decode([i for i, m in zip(ids, mask, strict=True) if m]) == "The capital of France is Paris.<|im_end|>"
+    trained = [i for i, m in zip(ids, mask, strict=True) if m]
+    assert codec(tokenizer).decode(trained) == "The capital of France is Paris.<|im_end|>"
     with_reasoning = {**row, "reasoning": "Recall."}
     refused = rebuild_rows(tokenizer, [with_reasoning], target, ReconstructConfig(methods=["reencode"]))
     assert [q["reason"] for q in refused.quarantine] == ["format_cannot_express"]

@@ -13,9 +13,9 @@ from tasks.contracts import read_table, write_table
 from tasks.gates import GateError, enforce
 from tasks.reconstruct.stage import run_reconstruct
 from tasks.target.chat import resolve_end_of_turn
+from tasks.target.formats import CHATML
 from tasks.validate.classify import classify_ids, first_divergence, through_turn_end
 from tasks.validate.report import rates_frame
-from tasks.target.formats import CHATML
 from tasks.validate.simulate import simulate_rows
 from tasks.validate.stage import gate_frame, gate_parameters, run_validate
 
