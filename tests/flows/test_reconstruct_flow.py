@@ -36,7 +36,8 @@ def artifact_keys() -> set[str]:
 
 @pytest.mark.slow
 def test_flows_rebuild_and_validate_server_ids_exactly(prefect_harness, tmp_path, demo_tokenizer, sampled_generations):
-    config = RunConfig(runs_dir=tmp_path, name="flow")
+    # The "bpe" source is one row built to be bpe_only in simulate: its rate is 100% by design.
+    config = RunConfig(runs_dir=tmp_path, name="flow", validation=ValidationConfig(max_simulate_bpe_only_rate=1.0))
     write_table("generations", [*sampled_generations, bpe_row(demo_tokenizer)],
                 config.run_dir / "generations" / "part-00000.parquet")
     rebuilt = reconstruct_flow(config)

@@ -102,8 +102,14 @@ def emitted_ids(tokenizer, text: str, rng: random.Random) -> list[int]:
     return ids
 
 
-def family_rows(tokenizer, family: str, kwargs_cycle: tuple[dict, ...], n: int = 60, seed: int = 0) -> list[dict]:
-    """`n` generations rows (prompt_token_ids, token_ids) for `family`, in every shape, from real prompts."""
+def family_rows(
+    tokenizer, family: str, kwargs_cycle: tuple[dict, ...], n: int = 60, seed: int = 0, piecewise: bool = True
+) -> list[dict]:
+    """`n` generations rows (prompt_token_ids, token_ids) for `family`, in every shape, from real prompts.
+
+    `piecewise=False` emits each completion as its one-pass encoding (a model that always picked the
+    canonical tokens): then any row that does not rebuild exactly is the format's or the seam's fault.
+    """
     rng = random.Random(seed)
     fmt = FORMATS[family]
     chats = sharegpt_pairs(n)
@@ -136,7 +142,7 @@ def family_rows(tokenizer, family: str, kwargs_cycle: tuple[dict, ...], n: int =
                 "tools": json.dumps(row_tools, ensure_ascii=False) if row_tools else None,
                 "finish_reason": "length" if reply.truncated else "tool_calls" if reply.tool_calls else "stop",
                 "prompt_token_ids": tokens.encode(prompt),
-                "token_ids": emitted_ids(tokenizer, completion, rng),
+                "token_ids": emitted_ids(tokenizer, completion, rng) if piecewise else tokens.encode(completion),
                 "template_kwargs": json.dumps(kwargs) if kwargs else None,
             }
         )

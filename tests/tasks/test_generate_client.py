@@ -199,3 +199,28 @@ def test_provider_options_are_passed_where_the_server_reads_them():
     body = json.loads(client.body(prompt))
     assert body["messages"][0]["content"] == "hi" and body["tools"] == []
     assert json.loads(client.body(prompt))["seed"] == body["seed"]  # a fixed seed per request id
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ({"content": "A", "reasoning": "R"}, ("R", "text")),
+        ({"content": "A", "reasoning_content": "R"}, ("R", "text")),
+        ({"content": "A", "reasoning": "R", "reasoning_details": [{"type": "reasoning.text", "text": "R1"},
+                                                                   {"type": "reasoning.text", "text": "R2"}]}, ("R1R2", "text")),
+        # a summary is the provider's paraphrase, not the model's text: kept as its kind, no text
+        ({"content": "A", "reasoning": "S", "reasoning_details": [{"type": "reasoning.summary", "summary": "S"}]},
+         (None, "summary")),
+        ({"content": "A", "reasoning_details": [{"type": "reasoning.encrypted", "data": "x9"}]}, (None, "encrypted")),
+        ({"content": "A"}, (None, None)),
+    ],
+)
+def test_only_verbatim_reasoning_is_taken_as_generated_text(message, expected):
+    from tasks.generate.client import reply_reasoning, reply_record
+
+    assert reply_reasoning(message) == expected
+    data = {"choices": [{"message": message, "finish_reason": "stop"}], "usage": {}}
+    prompt = {"id": "p", "source": "s", "messages": "[]", "tools": None}
+    record = reply_record(prompt, data, 0.1, "openrouter", {"thinking": True})
+    assert (record["reasoning"], record["reasoning_kind"]) == expected
+    assert json.loads(record["template_kwargs"]) == {"thinking": True}

