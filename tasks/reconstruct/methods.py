@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
-from tasks.reconstruct.mask import run_masks
 from tasks.reconstruct.render import ChatTurn, RenderedTurn, RowError
 from tasks.target.tokens import ByteVocab, EndOfTurn, codec
 
@@ -106,18 +104,20 @@ def from_logprobs(
 
 
 def reencode(tokenizer, rendered: list[RenderedTurn]) -> list[Rebuilt]:
-    """Encode each whole rendered conversation in one pass; the mask is the token run covering the reply."""
+    """Encode each prompt and each generated turn in one pass apiece, as a server sees them.
+
+    A server encodes the rendered prompt and the model generates after its last id, so the seam between
+    them is a token boundary; within the turn, one pass keeps BPE whole (gluing pieces would not).
+    """
     if not rendered:
         return []
     tokens = codec(tokenizer)
-    encoded = tokens.encode_batch([r.text for r in rendered])
-    lengths = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
-    flat = np.fromiter(chain.from_iterable(encoded), dtype=np.int32, count=int(lengths.sum()))
-    runs = [tokens.token_run(ids, r.text, r.gen_start, r.gen_end) for ids, r in zip(encoded, rendered, strict=True)]
-    first = np.fromiter((a for a, _ in runs), dtype=np.int64, count=len(runs))
-    last = np.fromiter((b for _, b in runs), dtype=np.int64, count=len(runs))
-    masks = run_masks(lengths, first, last)  # (sum T,)
-    splits = np.cumsum(lengths)[:-1]
-    ids, masks = np.split(flat, splits), np.split(masks, splits)
-    checks = [tokens.round_trips(i, r.text) for i, r in zip(ids, rendered, strict=True)]
-    return [Rebuilt(i, m, "reencode", ok) for i, m, ok in zip(ids, masks, checks, strict=True)]
+    prompts = tokens.encode_batch([r.text[: r.gen_start] for r in rendered])
+    replies = tokens.encode_batch([r.text[r.gen_start : r.gen_end] for r in rendered])
+    out = []
+    for prompt, reply, r in zip(prompts, replies, rendered, strict=True):
+        ids = np.asarray(prompt + reply, dtype=np.int32)
+        mask = np.zeros(len(ids), dtype=np.int8)
+        mask[len(prompt) :] = 1
+        out.append(Rebuilt(ids, mask, "reencode", tokens.round_trips(ids, r.text[: r.gen_end])))
+    return out

@@ -130,14 +130,6 @@ class TokenCodec:
             return self.decode_bytes(ids) == text.encode("utf-8")
         return self.tokenizer.decode(list(ids), skip_special_tokens=False) == text
 
-    def token_run(self, ids, text: str, start: int, stop: int) -> tuple[int, int]:
-        """First and last token overlapping characters [start, stop) of `text` (by byte offsets)."""
-        ends = np.cumsum(self.lengths[np.asarray(ids, dtype=np.int64)])
-        begins = ends - self.lengths[np.asarray(ids, dtype=np.int64)]
-        lo, hi = len(text[:start].encode("utf-8")), len(text[:stop].encode("utf-8"))
-        hits = np.flatnonzero((begins < hi) & (ends > lo))
-        return (int(hits[0]), int(hits[-1])) if hits.size else (0, -1)
-
 
 def codec(tokenizer) -> TokenCodec:
     """TokenCodec cached on the tokenizer object (building it walks the whole vocabulary once)."""

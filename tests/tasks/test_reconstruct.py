@@ -9,7 +9,6 @@ import pytest
 
 from tasks.config import ReconstructConfig, RunConfig, TargetConfig
 from tasks.contracts import read_table, write_table
-from tasks.reconstruct.mask import mask_from_offsets, run_masks
 from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.reconstruct.stage import plan_shards, run_reconstruct
 from tasks.target.chat import resolve_end_of_turn
@@ -31,10 +30,19 @@ def test_end_of_turn_is_resolved_and_checked(demo_tokenizer):
         resolve_end_of_turn(demo_tokenizer, TargetConfig(end_of_turn="</end>"))
 
 
-def test_mask_from_offsets_covers_tokens_touching_the_reply():
-    offsets = np.array([[0, 5], [5, 9], [9, 12], [12, 13]])  # the third token straddles the reply start
-    assert mask_from_offsets(offsets, 10, 13).tolist() == [0, 0, 1, 1]
-    assert run_masks(np.array([4, 2]), np.array([2, 0]), np.array([3, 0])).tolist() == [0, 0, 1, 1, 1, 0]
+def test_reencode_puts_a_token_boundary_where_the_prompt_ends(demo_tokenizer):
+    """A server encodes the prompt alone and the model generates after it: "A:\n" + "\n" is not "A:" + "\n\n"."""
+    from tasks.reconstruct.methods import reencode
+    from tasks.reconstruct.render import RenderedTurn
+
+    text = "<|im_start|>user\nA:\n\n<|im_end|>"
+    gen_start = text.index("\n<|im_end|>")
+    (rebuilt,) = reencode(demo_tokenizer, [RenderedTurn(text, gen_start, len(text), "")])
+    prompt = demo_tokenizer.encode(text[:gen_start], add_special_tokens=False)
+    assert rebuilt.input_ids.tolist() == prompt + demo_tokenizer.encode(text[gen_start:], add_special_tokens=False)
+    assert rebuilt.input_ids.tolist() != demo_tokenizer.encode(text, add_special_tokens=False)
+    assert rebuilt.loss_mask.tolist() == [0] * len(prompt) + [1] * (len(rebuilt.input_ids) - len(prompt))
+    assert rebuilt.round_trip
 
 
 def test_server_ids_are_used_as_given(demo_tokenizer, sampled_generations):
