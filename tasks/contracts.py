@@ -140,6 +140,10 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
+# Columns added after a table's first version: a file written before them reads with nulls there.
+LATER_COLUMNS: dict[str, set[str]] = {"generations": {"reasoning_kind", "template_kwargs"}}
+
+
 def schema(name: str) -> pa.Schema:
     try:
         return SCHEMAS[name]
@@ -150,6 +154,8 @@ def schema(name: str) -> pa.Schema:
 def conform(name: str, table: pa.Table) -> pa.Table:
     """Return `table` cast to contract `name`, or raise naming the column and the problem."""
     want = schema(name)
+    for later in sorted(LATER_COLUMNS.get(name, set()) - set(table.column_names)):
+        table = table.append_column(later, pa.nulls(table.num_rows, want.field(later).type))
     have = set(table.column_names)
     missing = [f.name for f in want if f.name not in have]
     if missing:
@@ -242,6 +248,19 @@ def write_table(name: str, table: pa.Table | list[dict], path: Path) -> Path:
     return Path(path)
 
 
+def _read_file(name: str, path: Path, columns: list[str] | None) -> pa.Table:
+    """One Parquet file; asked-for columns added to the contract after it was written come back null."""
+    later = LATER_COLUMNS.get(name, set())
+    if columns is None or not later & set(columns):
+        return pq.read_table(path, columns=columns)
+    present = set(pq.read_schema(path).names)
+    table = pq.read_table(path, columns=[c for c in columns if c in present])
+    for column in columns:
+        if column not in present and column in later:
+            table = table.append_column(column, pa.nulls(table.num_rows, schema(name).field(column).type))
+    return table.select(columns)
+
+
 def read_table(name: str, path: Path, columns: list[str] | None = None) -> pa.Table:
     """Read a Parquet file, or a directory's `part-*.parquet` shards, checked against contract `name`."""
     path = Path(path)
@@ -249,9 +268,9 @@ def read_table(name: str, path: Path, columns: list[str] | None = None) -> pa.Ta
         files = sorted(path.glob("part-*.parquet"))
         if not files:
             return schema(name).empty_table() if columns is None else schema(name).empty_table().select(columns)
-        table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+        table = pa.concat_tables([_read_file(name, f, columns) for f in files])
     elif path.exists():
-        table = pq.read_table(path, columns=columns)
+        table = _read_file(name, path, columns)
     else:
         raise ContractError(f"table {name!r}: {path} does not exist")
     if columns is None:

@@ -58,3 +58,20 @@ def test_failed_write_leaves_nothing_behind(tmp_path):
             tmp.write_bytes(b"half")
             raise RuntimeError("disk full")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_generations_file_from_before_the_later_columns_still_reads(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tasks.contracts import LATER_COLUMNS, read_table, schema
+
+    old = schema("generations")
+    for column in LATER_COLUMNS["generations"]:
+        old = old.remove(old.get_field_index(column))
+    path = tmp_path / "part-00000.parquet"
+    pq.write_table(pa.Table.from_pylist([{"id": "a", "content": "hi"}], schema=old), path)
+    assert read_table("generations", path).column("template_kwargs").to_pylist() == [None]
+    assert read_table("generations", tmp_path, columns=["id", "template_kwargs"]).to_pylist() == [
+        {"id": "a", "template_kwargs": None}
+    ]
