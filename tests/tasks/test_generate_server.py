@@ -209,3 +209,31 @@ def test_a_request_joining_a_running_batch_decodes_as_it_would_alone(demo_model,
     long_done.wait(300)
     assert engine.batches == 3  # the newcomer was prefilled on its own, then merged into the running batch
     assert joined["r"].token_ids == alone["r"].token_ids
+
+
+def test_server_replies_in_kimi_shape_with_a_tiktoken_tokenizer(family_tokenizers):
+    """The server's rendering and reply shaping on Kimi's slow tokenizer (no Rust backend, no offsets)."""
+    from types import SimpleNamespace
+
+    from tasks.generate.engine import GenResult
+    from tasks.generate.server import TargetServer
+    from tasks.target.formats import Reply, ToolCall
+
+    tokenizer, target = family_tokenizers["kimi-k2.5"]
+    server = TargetServer(RunConfig(target=target), SimpleNamespace(stop_ids={163586}), tokenizer)
+    body = {"messages": [{"role": "user", "content": "Weather in Zürich?"}], "chat_template_kwargs": {"thinking": True},
+            "return_token_ids": True}
+    prompt, prompt_ids = server.render(body)
+    assert prompt.endswith("<|im_assistant|>assistant<|im_middle|><think>") and prompt_ids[-1] == 163606
+    turn = Reply("Use the tool.", "", (ToolCall("get_weather", '{"city": "Zürich"}'),))
+    ids = codec(tokenizer).encode(server.chat_format.completion(turn, prompt, body["messages"]))
+    logprobs = [(-0.1, [(i, -0.1)]) for i in ids]
+    data = server.shape({**body, "logprobs": True}, prompt, prompt_ids, GenResult(ids, "stop", logprobs))
+    choice = data["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["token_ids"] == ids and ids[-1] == 163586
+    message = choice["message"]
+    assert message["reasoning"] == "Use the tool." and message["content"] == ""
+    assert message["tool_calls"][0]["id"] == "functions.get_weather:0"
+    assert message["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Zürich"}'}
+    raw = b"".join(bytes(e["bytes"]) for e in choice["logprobs"]["content"])
+    assert raw == server.chat_format.completion(turn, prompt, body["messages"]).encode()
