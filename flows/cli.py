@@ -84,7 +84,8 @@ def run(
     force: list[str] = typer.Option(None, "--force", help="Rerun this stage even if it is up to date."),
 ) -> None:
     """Run the whole pipeline (or one stage) for a config."""
-    from flows.pipeline import eagle3_pipeline, stage_flows
+    from flows.pipeline import eagle3_pipeline
+    from tasks.stages import STAGE_NAMES, stage_flow
 
     cfg = read_config(config, set_)
     if force:
@@ -92,11 +93,10 @@ def run(
     if stage is None:
         results = eagle3_pipeline(cfg)
     else:
-        flows = stage_flows()
-        if stage not in flows:
-            console.print(f"[red]unknown stage {stage!r}; stages: {', '.join(flows)}[/red]")
+        if stage not in STAGE_NAMES:
+            console.print(f"[red]unknown stage {stage!r}; stages: {', '.join(STAGE_NAMES)}[/red]")
             raise typer.Exit(2)
-        results = {stage: flows[stage](cfg)}
+        results = {stage: stage_flow(stage)(cfg)}
     print_outputs(cfg, results)
 
 
@@ -132,13 +132,13 @@ def print_outputs(cfg: RunConfig, results: dict) -> None:
     """Each stage's figures, where the draft and the reports are, and how to see the runs in the UI."""
     from rich.table import Table
 
-    from tasks.stage_record import STAGES
+    from tasks.stages import BY_NAME
 
     table = Table(title=f"run {cfg.name!r}: outputs under {cfg.run_dir}")
     for column in ("stage", "output", "figures"):
         table.add_column(column)
     for stage, summary in results.items():
-        where = str(cfg.run_dir / STAGES[stage][0]) if stage in STAGES else "-"
+        where = str(cfg.run_dir / BY_NAME[stage].out_dir) if stage in BY_NAME else "-"
         figures = [
             f"{k}={round(v, 3) if isinstance(v, float) else v}"
             for k, v in (summary or {}).items()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from flows.pipeline import eagle3_pipeline, stage_flows
+from flows.pipeline import eagle3_pipeline
 from tasks.config import RunConfig
+from tasks.stages import STAGE_NAMES, stage_flow
 
 
 def build_deployments(config: RunConfig) -> list:
@@ -19,9 +20,9 @@ def build_deployments(config: RunConfig) -> list:
             description=f"The whole chain for run {config.name!r}" + (f", on schedule {cron!r}" if cron else ""),
         )
     ]
-    for stage, stage_flow in stage_flows().items():
+    for stage in STAGE_NAMES:
         deployments.append(
-            stage_flow.to_deployment(
+            stage_flow(stage).to_deployment(
                 name=f"{config.name}-{stage}",
                 parameters=parameters,
                 tags=["draftsmith", "stage"],

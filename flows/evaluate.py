@@ -3,20 +3,13 @@
 from prefect import flow
 
 from tasks.config import RunConfig
-from tasks.evaluate.stage import evaluate_task, gate_eval_task
-from tasks.target.preflight import preflight_task
+from tasks.evaluate.stage import evaluate_task, gate_eval_task, stage_summary
+from tasks.target.preflight import stage_preflight
 
 
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(config: RunConfig) -> dict:
-    preflight_task(config.target)
+    stage_preflight(config.target)
     summary = evaluate_task(config)
     gate_eval_task(config)
-    return {
-        "prompts": summary["prompts"],
-        "acceptance_length": summary["acceptance_length"],
-        "per_position_acceptance": summary["per_position_acceptance"],
-        "identical": summary["identical"],
-        "results": summary["results"],
-        "histogram": summary["histogram"],
-    }
+    return stage_summary(summary)

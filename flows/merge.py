@@ -7,13 +7,13 @@ from prefect import flow
 import tasks  # noqa: F401  (offline defaults before Prefect is imported)
 from tasks.config import RunConfig
 from tasks.merge.task import gate_merged_task, merge_task
-from tasks.target.preflight import preflight_task
+from tasks.target.preflight import stage_preflight
 
 
 @flow(name="merge")
 def merge_flow(config: RunConfig) -> dict:
     """Merge, dedup, mix and split the reconstructed sources, then gate them before extract reads them."""
-    preflight_task(config.target)
+    stage_preflight(config.target)
     summary = merge_task(config)
     checked = gate_merged_task(config)
     return summary | {"gated_rows": checked}

@@ -287,6 +287,16 @@ def read_table(name: str, path: Path, columns: list[str] | None = None) -> pa.Ta
     return table
 
 
+class RowError(ValueError):
+    """A row a stage refuses: `reason` is the short kind counted in quarantine, `field` the culprit."""
+
+    def __init__(self, reason: str, field: str | None, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.field = field
+        self.detail = detail
+
+
 def quarantine_row(
     stage: str,
     row_id: str | None,

@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 from tasks.config import RunConfig
-from tasks.stage_record import STAGES, load_record
+from tasks.stage_record import load_record
+from tasks.stages import BY_NAME, STAGES
 
 # Artifact keys each stage publishes (the Prefect UI shows an artifact by key at /artifacts/key/<key>).
-STAGE_ARTIFACTS = {
-    "preflight": ["preflight"],
-    "generate": ["generate-summary", "gate-generations"],
-    "reconstruct": ["reconstruct-summary", "gate-reconstructed"],
-    "validate": ["validation-report", "gate-validation"],
-    "merge": ["merge-mix", "gate-merged"],
-    "extract": ["extract-summary", "gate-hidden-states"],
-    "train": ["train-summary", "train-metrics", "train-curves", "gate-train"],
-    "evaluate": ["eval-acceptance", "eval-histogram", "gate-eval"],
-}
+STAGE_ARTIFACTS = {"preflight": ["preflight"]} | {s.name: [*s.artifacts, s.gate_artifact] for s in STAGES}
 
 
 def _figures(summary: dict, limit: int = 6) -> str:
@@ -34,10 +26,10 @@ def run_report_markdown(config: RunConfig, results: dict) -> str:
     ]
     for stage, summary in results.items():
         summary = summary or {}
-        record = load_record(config, stage) if stage in STAGES else None
+        record = load_record(config, stage) if stage in BY_NAME else None
         status = "skipped (up to date)" if summary.get("skipped") else "ran"
         seconds = record.get("seconds", "-") if record else "-"
-        where = f"`{config.run_dir / STAGES[stage][0]}`" if stage in STAGES else "-"
+        where = f"`{config.run_dir / BY_NAME[stage].out_dir}`" if stage in BY_NAME else "-"
         links = ", ".join(f"[{key}](/artifacts/key/{key})" for key in STAGE_ARTIFACTS.get(stage, []))
         lines.append(f"| {stage} | {status} | {seconds} | {where} | {_figures(summary)} | {links} |")
     return "\n".join(lines)

@@ -16,24 +16,10 @@ from pathlib import Path
 from tasks import __version__
 from tasks.config import RunConfig
 from tasks.contracts import write_bytes_atomic
+from tasks.stages import stage as stage_info
+from tasks.stages import stage_dir
 
 RECORD_NAME = "_stage.json"
-
-# stage -> (output directory, config sections it depends on, stages it reads)
-STAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    "generate": ("generations", ("target", "generate"), ()),
-    "reconstruct": ("reconstructed", ("target", "reconstruct"), ("generate",)),
-    "validate": ("validation", ("target", "validation"), ("reconstruct",)),
-    "merge": ("merged", ("merge",), ("reconstruct", "validate")),
-    "extract": ("hidden_states", ("target", "extract"), ("merge",)),
-    "train": ("draft", ("target", "train"), ("extract", "merge")),
-    "evaluate": ("eval", ("target", "evaluate"), ("train", "merge")),
-}
-
-
-def stage_dir(config: RunConfig, stage: str) -> Path:
-    return config.run_dir / STAGES[stage][0]
-
 
 def output_digest(directory: Path) -> str:
     """Digest of every output file's relative path, size and modification time (not the record)."""
@@ -70,7 +56,7 @@ def external_inputs(config: RunConfig, stage: str) -> list[str]:
 
 def stage_key(config: RunConfig, stage: str) -> str:
     """Hash of what the stage's result depends on."""
-    _, sections, reads = STAGES[stage]
+    sections, reads = stage_info(stage).sections, stage_info(stage).upstream
     payload = {
         "stage": stage,
         "version": __version__,

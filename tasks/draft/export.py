@@ -15,21 +15,9 @@ from safetensors.torch import load_file, save_file
 
 from tasks.contracts import atomic_path
 from tasks.draft.model import DraftConfig, Eagle3Draft
+from tasks.extract.backend import engine_layer_ids
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
-
-
-def engine_layer_ids(hf_indices: list[int], engine: str) -> list[int]:
-    """Aux layer ids as an engine reads them from `eagle_aux_hidden_state_layer_ids`.
-
-    Our ids are HF hidden_states indices (the input of decoder layer i). vLLM captures the input of
-    layer id as given; SGLang adds 1 to each id it is given, so it must be written one lower.
-    """
-    if engine == "vllm":
-        return list(hf_indices)
-    if engine == "sglang":
-        return [i - 1 for i in hf_indices]
-    raise ValueError(f"unknown engine {engine!r}; expected 'sglang' or 'vllm'")
 
 
 def export_config(cfg: DraftConfig, hf_indices: list[int], engine: str, dtype: str, eos_token_id: int | None) -> dict:

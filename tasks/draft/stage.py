@@ -16,14 +16,15 @@ from tasks.draft.checkpoint import latest_checkpoint
 from tasks.draft.curves import plot_curves
 from tasks.draft.export import export_draft
 from tasks.draft.model import DraftConfig
-from tasks.draft.train import TargetPieces, draft_dir, read_metrics, train_draft
+from tasks.draft.train import TargetPieces, read_metrics, train_draft
 from tasks.gates import enforce
 from tasks.image_artifact import publish_image
+from tasks.stages import stage_dir
 
 
 def launch_torchrun(config: RunConfig) -> dict:
     """Run the same training under `torchrun` with `train.processes` ranks; returns rank 0's summary."""
-    launch = draft_dir(config) / "launch-config.json"
+    launch = stage_dir(config, "train") / "launch-config.json"
     with atomic_path(launch) as tmp:
         tmp.write_text(config.model_dump_json(), encoding="utf-8")
     command = [
@@ -38,7 +39,7 @@ def launch_torchrun(config: RunConfig) -> dict:
     ]
     env = dict(os.environ, OMP_NUM_THREADS=str(config.train.threads_per_rank))
     subprocess.run(command, check=True, env=env)
-    return json.loads((draft_dir(config) / "launch-summary.json").read_text(encoding="utf-8"))
+    return json.loads((stage_dir(config, "train") / "launch-summary.json").read_text(encoding="utf-8"))
 
 
 def train_stage(config: RunConfig, pieces: TargetPieces | None = None) -> dict:
@@ -47,8 +48,8 @@ def train_stage(config: RunConfig, pieces: TargetPieces | None = None) -> dict:
         summary = launch_torchrun(config)
     else:
         summary = train_draft(config, pieces)
-    records = read_metrics(draft_dir(config) / "metrics.jsonl")
-    plot_curves(records, draft_dir(config) / "curves.png")
+    records = read_metrics(stage_dir(config, "train") / "metrics.jsonl")
+    plot_curves(records, stage_dir(config, "train") / "curves.png")
     return summary
 
 
@@ -64,9 +65,9 @@ def metrics_frame(records: list[dict], window: int = 10) -> pd.DataFrame:
 
 def gate_train(config: RunConfig) -> dict:
     """Loss finite and falling, accuracy reported for every unrolled step."""
-    records = read_metrics(draft_dir(config) / "metrics.jsonl")
+    records = read_metrics(stage_dir(config, "train") / "metrics.jsonl")
     if not records:
-        raise ValueError(f"train gate: no metrics in {draft_dir(config) / 'metrics.jsonl'}")
+        raise ValueError(f"train gate: no metrics in {stage_dir(config, 'train') / 'metrics.jsonl'}")
     frame = metrics_frame(records)
     enforce("train", frame, parameters={"ttt_steps": config.train.ttt_steps})
     last = records[-1]
@@ -84,16 +85,16 @@ def export_stage(config: RunConfig) -> str:
 
     from tasks.target.loader import load_tokenizer
 
-    checkpoint = latest_checkpoint(draft_dir(config) / "checkpoints")
+    checkpoint = latest_checkpoint(stage_dir(config, "train") / "checkpoints")
     if checkpoint is None:
-        raise FileNotFoundError(f"export: no checkpoint in {draft_dir(config) / 'checkpoints'}")
+        raise FileNotFoundError(f"export: no checkpoint in {stage_dir(config, 'train') / 'checkpoints'}")
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     tokenizer = load_tokenizer(config.target)
     out = export_draft(
         state["model"],
         DraftConfig(**state["draft_config"]),
         state["aux_layer_ids"],
-        draft_dir(config) / "export",
+        stage_dir(config, "train") / "export",
         engine=config.train.export_engine,
         dtype=config.train.export_dtype,
         eos_token_id=tokenizer.eos_token_id,
@@ -105,7 +106,7 @@ def publish_metrics(config: RunConfig) -> None:
     """The per-step metrics (at most 100 rows) and the run's summary as Prefect artifacts."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    records = read_metrics(draft_dir(config) / "metrics.jsonl")
+    records = read_metrics(stage_dir(config, "train") / "metrics.jsonl")
     stride = max(1, len(records) // 100)
     keep = [k for k in records[0] if k == "step" or k == "loss" or k.startswith(("loss_", "acc_")) or k == "lr"]
     rows = [{k: round(r[k], 5) if isinstance(r[k], float) else r[k] for k in keep} for r in records[::stride]]
@@ -113,9 +114,9 @@ def publish_metrics(config: RunConfig) -> None:
     last = records[-1]
     lines = ["# Draft training", "", "| unrolled step | loss | accuracy |", "|---|---|---|"]
     lines += [f"| {i} | {last[f'loss_{i}']:.4f} | {last[f'acc_{i}']:.3f} |" for i in range(config.train.ttt_steps)]
-    lines += ["", f"curves: `{draft_dir(config) / 'curves.png'}`"]
+    lines += ["", f"curves: `{stage_dir(config, 'train') / 'curves.png'}`"]
     create_markdown_artifact(key="train-summary", markdown="\n".join(lines), description="Last step per unrolled step")
-    publish_image("train-curves", draft_dir(config) / "curves.png", "Draft loss and accuracy per unrolled step")
+    publish_image("train-curves", stage_dir(config, "train") / "curves.png", "Draft loss and accuracy per unrolled step")
 
 
 def run_train(config: RunConfig, pieces: TargetPieces | None = None) -> dict:
@@ -124,6 +125,19 @@ def run_train(config: RunConfig, pieces: TargetPieces | None = None) -> dict:
     summary["gate"] = gate_train(config)
     summary["export"] = export_stage(config)
     return summary
+
+
+def stage_summary(config: RunConfig, trained: dict, gate: dict, export: str) -> dict:
+    """The train stage's figures for the run report and the stage record."""
+    return {
+        "steps": trained["step"],
+        "tokens_per_s": trained["tokens_per_s"],
+        "draft_vocab_size": trained["draft_vocab_size"],
+        "loss": gate["loss"],
+        "acc_0": gate["acc_0"],
+        "metrics": str(stage_dir(config, "train") / "metrics.jsonl"),
+        "export": export,
+    }
 
 
 @task(name="train-draft")

@@ -27,7 +27,9 @@ from tasks.draft.data import OfflineSource, OnlineSource, collate, plan_batches,
 from tasks.draft.model import DraftConfig, Eagle3Draft
 from tasks.draft.ttt import target_in_vocab, unroll
 from tasks.draft.vocab import build_draft_vocab, count_trained_tokens, load_vocab, save_vocab
+from tasks.extract.backend import default_aux_layer_ids
 from tasks.failpoints import failpoint
+from tasks.stages import stage_dir
 
 
 @dataclass
@@ -63,11 +65,6 @@ def pieces_from_model(model, keep_model: bool) -> TargetPieces:
     return TargetPieces(model.config, embed, lm_head, model if keep_model else None)
 
 
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's capture layers as HF hidden_states indices (input of layers 2, L//2, L-3)."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
 def aux_layer_ids(config: RunConfig, num_layers: int) -> list[int]:
     if config.train.mode == "offline":
         return list(read_meta(config.run_dir)["aux_layer_ids"])
@@ -82,13 +79,10 @@ def cosine_schedule(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def draft_dir(config: RunConfig) -> Path:
-    return config.run_dir / "draft"
-
 
 def prepare_vocab(config: RunConfig, rows, vocab_size: int, rank: int):
     """Build the draft vocab once (rank 0 writes it); later runs and other ranks reuse the same choice."""
-    path = draft_dir(config) / "vocab.safetensors"
+    path = stage_dir(config, "train") / "vocab.safetensors"
     if path.exists():
         return load_vocab(path)
     counts = count_trained_tokens([(r.input_ids, r.loss_mask) for r in rows], vocab_size)
@@ -132,7 +126,7 @@ def data_fingerprint(config: RunConfig) -> str:
 
 def reset_if_changed(config: RunConfig) -> None:
     """Start over when the training setup differs from the one that wrote `draft/` (else resume)."""
-    out = draft_dir(config)
+    out = stage_dir(config, "train")
     key = {k: v for k, v in config.train.model_dump(mode="json").items() if k not in RESUMABLE_FIELDS}
     key["target"] = config.target.model_dump(mode="json")
     key["data"] = data_fingerprint(config)
@@ -167,7 +161,7 @@ def train_draft(
 ) -> dict:
     """Train (or resume) to `train.max_steps`, or stop after `until_step`; returns a small summary."""
     tc = config.train
-    out = draft_dir(config)
+    out = stage_dir(config, "train")
     device = _device(tc.device, rank)
     if rank == 0:
         reset_if_changed(config)
@@ -313,7 +307,7 @@ def main(argv: list[str]) -> None:
     try:
         summary = train_draft(config, rank=rank, world=world)
         if rank == 0:
-            with atomic_path(draft_dir(config) / "launch-summary.json") as tmp:
+            with atomic_path(stage_dir(config, "train") / "launch-summary.json") as tmp:
                 tmp.write_text(json.dumps(summary), encoding="utf-8")
     finally:
         if world > 1:

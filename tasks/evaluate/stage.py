@@ -16,15 +16,12 @@ from tasks.evaluate.speculative import acceptance_by_position, greedy_decode, sp
 from tasks.failpoints import failpoint
 from tasks.gates import enforce
 from tasks.image_artifact import publish_image
-
-
-def eval_dir(config: RunConfig) -> Path:
-    return config.run_dir / "eval"
+from tasks.stages import stage_dir
 
 
 def held_out_prompts(config: RunConfig) -> tuple[list[dict], list[dict]]:
     """Eval-split rows cut before their first trained token; rows with no trained token are quarantined."""
-    rows = read_table("merged", config.run_dir / "merged" / "eval", columns=["id", "source", "input_ids", "loss_mask"])
+    rows = read_table("merged", stage_dir(config, "merge") / "eval", columns=["id", "source", "input_ids", "loss_mask"])
     prompts, dropped = [], []
     for row in sorted(rows.to_pylist(), key=lambda r: r["id"]):
         first = next((i for i, m in enumerate(row["loss_mask"]) if m), None)
@@ -58,7 +55,7 @@ def decode_prompts(config: RunConfig, target, draft, layer_ids: list[int], eos_i
     """Per prompt: greedy and speculative outputs, τ, and whether they are identical."""
     ec = config.evaluate
     prompts, dropped = held_out_prompts(config)
-    write_table("quarantine", dropped, eval_dir(config) / "quarantine.parquet")
+    write_table("quarantine", dropped, stage_dir(config, "evaluate") / "quarantine.parquet")
     rows, results = [], []
     for p in prompts:
         started = time.perf_counter()
@@ -130,7 +127,7 @@ def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = Non
     from tasks.draft.train import shared_target
     from tasks.target.loader import pick_device
 
-    export_dir = Path(export_dir or config.run_dir / "draft" / "export")
+    export_dir = Path(export_dir or stage_dir(config, "train") / "export")
     target = target if target is not None else shared_target(config.target).to(pick_device(config.evaluate.device))
     device = next(target.parameters()).device
     draft = load_export(export_dir, target.get_input_embeddings().weight.detach()).to(device)
@@ -151,7 +148,7 @@ def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = Non
         "target_forwards": forwards,
         "new_tokens": sum(r["new_tokens"] for r in rows),
     }
-    out = eval_dir(config)
+    out = stage_dir(config, "evaluate")
     with atomic_path(out / "results.json") as tmp:
         tmp.write_text(json.dumps({"summary": summary, "prompts": rows}, indent=2), encoding="utf-8")
     plot_acceptance(results, per_position, out / "acceptance.png")
@@ -160,7 +157,7 @@ def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = Non
 
 def gate_eval(config: RunConfig) -> dict:
     """Mean τ over prompts ≥ `evaluate.min_acceptance_length`, and every output identical to greedy."""
-    data = json.loads((eval_dir(config) / "results.json").read_text(encoding="utf-8"))
+    data = json.loads((stage_dir(config, "evaluate") / "results.json").read_text(encoding="utf-8"))
     frame = pd.DataFrame(data["prompts"])[["id", "acceptance_length", "identical"]]
     enforce("eval", frame, parameters={"min_acceptance_length": config.evaluate.min_acceptance_length})
     return data["summary"]
@@ -171,6 +168,14 @@ def run_evaluate(config: RunConfig, target=None) -> dict:
     summary = evaluate_draft(config, target)
     gate_eval(config)
     return summary
+
+
+FIGURES = ("prompts", "acceptance_length", "per_position_acceptance", "identical", "results", "histogram")
+
+
+def stage_summary(summary: dict) -> dict:
+    """The evaluate stage's figures for the run report and the stage record (not the per-prompt rows)."""
+    return {k: summary[k] for k in FIGURES}
 
 
 @task(name="evaluate-draft")

@@ -74,6 +74,19 @@ def check_aux_layer_ids(ids: list[int], num_layers: int) -> list[int]:
     return list(ids)
 
 
+def engine_layer_ids(hf_indices: list[int], engine: str) -> list[int]:
+    """Aux layer ids as an engine reads them from `eagle_aux_hidden_state_layer_ids`.
+
+    Our ids are HF hidden_states indices (the input of decoder layer i). vLLM captures the input of
+    layer id as given; SGLang adds 1 to each id it is given, so it must be written one lower.
+    """
+    if engine == "vllm":
+        return list(hf_indices)
+    if engine == "sglang":
+        return [i - 1 for i in hf_indices]
+    raise ValueError(f"unknown engine {engine!r}; expected 'sglang' or 'vllm'")
+
+
 def layer_id_forms(ids: list[int]) -> dict[str, list[int]]:
-    """The same layers in each engine's spelling (SGLang adds +1 to the ids it is given)."""
-    return {"hf_hidden_states": list(ids), "vllm": list(ids), "sglang": [i - 1 for i in ids]}
+    """The same layers in each engine's spelling."""
+    return {"hf_hidden_states": list(ids), **{e: engine_layer_ids(ids, e) for e in ("vllm", "sglang")}}

@@ -11,9 +11,10 @@ from prefect import task
 
 from tasks.config import RunConfig
 from tasks.contracts import read_table
-from tasks.extract.plan import hidden_dir, read_merged
+from tasks.extract.plan import read_merged
 from tasks.extract.shards import read_shard
 from tasks.gates import GateResult, enforce
+from tasks.stages import stage_dir
 
 SUITE = "hidden_states"
 STATES = ("norm_aux_0", "norm_aux_1", "norm_aux_2", "norm_final")
@@ -42,7 +43,7 @@ def measure_shard(path: Path, spans: list[tuple[int, int]]) -> tuple[dict, list[
 
 def gate_frame(config: RunConfig) -> pd.DataFrame:
     """One scalar row per merged or indexed id: accounted once, lengths, finiteness, its shard's norms."""
-    out = hidden_dir(config)
+    out = stage_dir(config, "extract")
     merged = read_merged(config).select(["id", "split", "input_ids"])
     merged_frame = pd.DataFrame(
         {
@@ -99,7 +100,7 @@ def gate_extract(config: RunConfig) -> GateResult:
     return enforce(SUITE, gate_frame(config), parameters={"min_norm": low, "max_norm": high})
 
 
-@task(name="extract-gate")
+@task(name="gate-hidden-states")
 def gate_task(config: RunConfig) -> dict:
     result = gate_extract(config)
     return {"rows": result.rows, "expectations": result.evaluated}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,6 +15,7 @@ from tasks.extract.backend import TargetInfo, check_aux_layer_ids, default_aux_l
 from tasks.extract.batching import cut_shards, order_rows
 from tasks.extract.shards import remove_stale, shard_name
 from tasks.extract.transformers_backend import resolve_dtype
+from tasks.stages import stage_dir
 from tasks.target.loader import model_dir, pick_device
 
 STAGE = "extract"
@@ -36,9 +36,6 @@ class ShardPlan:
     def record(self) -> dict:
         return asdict(self)
 
-
-def hidden_dir(config: RunConfig) -> Path:
-    return config.run_dir / "hidden_states"
 
 
 def read_target_info(config: RunConfig) -> TargetInfo:
@@ -63,7 +60,7 @@ def aux_layer_ids(config: RunConfig, info: TargetInfo) -> list[int]:
 
 def read_merged(config: RunConfig) -> pa.Table:
     """Train and eval rows of the merge stage (a missing eval split reads as empty)."""
-    root = config.run_dir / "merged"
+    root = stage_dir(config, "merge")
     if not (root / "train").exists():
         raise FileNotFoundError(f"extract: no merged train split at {root / 'train'}; run the merge stage first")
     tables = [read_table("merged", root / split) for split in SPLITS if (root / split).exists()]
@@ -120,7 +117,7 @@ def extraction_settings(config: RunConfig, info: TargetInfo) -> dict:
 
 def plan_extract(config: RunConfig) -> list[ShardPlan]:
     """Screen and order the merged rows, write each shard's input table, drop leftovers of older plans."""
-    out = hidden_dir(config)
+    out = stage_dir(config, "extract")
     info = read_target_info(config)
     merged = read_merged(config)
     keep, dropped = screen_rows(merged, info)

@@ -18,10 +18,11 @@ from tasks.extract.backend import (
     layer_id_forms,
 )
 from tasks.extract.batching import pack_batches, padding_tokens
-from tasks.extract.plan import ShardPlan, aux_layer_ids, hidden_dir, plan_extract, read_target_info
+from tasks.extract.plan import ShardPlan, aux_layer_ids, plan_extract, read_target_info
 from tasks.extract.shards import finished_marker, write_marker, write_shard
 from tasks.extract.transformers_backend import load_transformers_backend, resolve_dtype
 from tasks.failpoints import failpoint
+from tasks.stages import stage_dir
 from tasks.target.loader import pick_device
 
 _backends: dict[str, HiddenStateBackend] = {}
@@ -41,7 +42,7 @@ def get_backend(config: RunConfig) -> HiddenStateBackend:
 
 def extract_shard(config: RunConfig, plan: ShardPlan, backend: HiddenStateBackend | None = None) -> dict:
     """Write one shard unless its marker says it is already done for this input; returns the marker."""
-    out = hidden_dir(config)
+    out = stage_dir(config, "extract")
     done = finished_marker(out, plan.name, plan.fingerprint)
     if done is not None:
         return done | {"skipped": True}
@@ -96,7 +97,7 @@ def build_index(plans: list[ShardPlan], markers: list[dict]) -> list[dict]:
 
 def finalize_extract(config: RunConfig, plans: list[ShardPlan], markers: list[dict]) -> dict:
     """Write index.parquet and meta.json; return the run summary."""
-    out = hidden_dir(config)
+    out = stage_dir(config, "extract")
     info = read_target_info(config)
     ids = aux_layer_ids(config, info)
     index = build_index(plans, markers)

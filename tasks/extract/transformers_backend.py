@@ -8,18 +8,9 @@ import torch
 
 from tasks.config import ExtractConfig, TargetConfig
 from tasks.extract.backend import RowStates, TargetInfo, check_aux_layer_ids, default_aux_layer_ids
-from tasks.target.loader import load_model, pick_device
+from tasks.target.loader import load_model, pick_device, resolve_dtype
 
 STORAGE_DTYPE = torch.bfloat16
-
-
-def resolve_dtype(name: str, device: str) -> str:
-    """`auto` is bf16 where the hardware has it natively (CUDA, AVX512-BF16/AMX CPUs), else fp32."""
-    if name != "auto":
-        return name
-    if device.startswith("cuda"):
-        return "bfloat16"
-    return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
 
 
 def decoder_parts(model) -> tuple[torch.nn.Module, torch.nn.ModuleList, torch.nn.Module]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import time
 import uuid
 
@@ -137,23 +136,12 @@ class TargetServer:
         return entry
 
 
-def resolve_dtype(name: str) -> str:
-    """`auto`: bf16 only where the CPU computes it natively (emulated bf16 is slower than fp32)."""
-    if name != "auto":
-        return name
-    try:
-        flags = open("/proc/cpuinfo", encoding="utf-8").read()
-    except OSError:
-        return "float32"
-    return "bfloat16" if re.search(r"\b(avx512_bf16|amx_bf16)\b", flags) else "float32"
-
-
 def build_app(config: RunConfig, threads: int = 1, max_batch: int = 16, dtype: str = "auto"):
     """Load the target and return the FastAPI app serving it."""
     import torch
 
     from tasks.target.chat import resolve_end_of_turn
-    from tasks.target.loader import load_model, load_tokenizer
+    from tasks.target.loader import load_model, load_tokenizer, resolve_dtype
 
     torch.set_num_threads(threads)
     tokenizer = load_tokenizer(config.target)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import SourceConfig
-from tasks.contracts import quarantine_row
+from tasks.contracts import RowError, quarantine_row
 from tasks.target.assets import resolve_path
 
 log = logging.getLogger(__name__)
@@ -48,15 +48,6 @@ class Unreadable:
     reason: str
     location: str
     detail: str
-
-
-class RowError(ValueError):
-    """A row that cannot become a prompt; `field` names the offending field."""
-
-    def __init__(self, field_name: str, detail: str, reason: str = "bad_row"):
-        super().__init__(detail)
-        self.field = field_name
-        self.reason = reason
 
 
 @dataclass
@@ -153,13 +144,13 @@ def iter_records(path: Path) -> Iterator[tuple[Any, str] | Unreadable]:
 
 def _check_messages(messages: Any) -> list[dict]:
     if not isinstance(messages, list) or not messages:
-        raise RowError("messages", "expected a non-empty list of chat messages")
+        raise RowError("bad_row", "messages", "expected a non-empty list of chat messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
-            raise RowError(f"messages[{i}].role", f"expected role system/user/assistant/tool, got {m!r:.80}")
+            raise RowError("bad_row", f"messages[{i}].role", f"expected role system/user/assistant/tool, got {m!r:.80}")
         content = m.get("content")
         if not (isinstance(content, str) and content.strip()) and not m.get("tool_calls"):
-            raise RowError(f"messages[{i}].content", "empty content and no tool_calls")
+            raise RowError("bad_row", f"messages[{i}].content", "empty content and no tool_calls")
     return messages
 
 
@@ -169,37 +160,37 @@ def cut_last_reply(messages: list[dict]) -> list[dict]:
     if last is not None and last == len(messages) - 1:
         messages = messages[:last]
     if not messages or messages[-1]["role"] not in ("user", "tool"):
-        raise RowError("messages", "no user or tool turn before the reply to regenerate")
+        raise RowError("bad_row", "messages", "no user or tool turn before the reply to regenerate")
     return messages
 
 
 def _check_schema(node: Any, where: str) -> None:
     """The parts of JSON Schema a chat template reads: known types, `properties` of schemas, `required` names."""
     if not isinstance(node, dict):
-        raise RowError(where, f"expected a JSON schema object, got {type(node).__name__}")
+        raise RowError("bad_row", where, f"expected a JSON schema object, got {type(node).__name__}")
     types = node.get("type", "object")
     for t in types if isinstance(types, list) else [types]:
         if t not in JSON_TYPES:
-            raise RowError(f"{where}.type", f"{t!r} is not a JSON schema type ({', '.join(sorted(JSON_TYPES))})")
+            raise RowError("bad_row", f"{where}.type", f"{t!r} is not a JSON schema type ({', '.join(sorted(JSON_TYPES))})")
     properties = node.get("properties", {})
     if not isinstance(properties, dict):
-        raise RowError(f"{where}.properties", "expected an object mapping names to schemas")
+        raise RowError("bad_row", f"{where}.properties", "expected an object mapping names to schemas")
     for name, sub in properties.items():
         _check_schema(sub, f"{where}.properties.{name}")
     required = node.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-        raise RowError(f"{where}.required", "expected a list of property names")
+        raise RowError("bad_row", f"{where}.required", "expected a list of property names")
     if "items" in node:
         _check_schema(node["items"], f"{where}.items")
 
 
 def _check_tools(tools: Any) -> list[dict]:
     if not isinstance(tools, list):
-        raise RowError("tools", "expected a list of tool definitions")
+        raise RowError("bad_row", "tools", "expected a list of tool definitions")
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise RowError(f"tools[{i}].function.name", "expected {type: function, function: {name, parameters}}")
+            raise RowError("bad_row", f"tools[{i}].function.name", "expected {type: function, function: {name, parameters}}")
         _check_schema(fn.get("parameters", {"type": "object"}), f"tools[{i}].function.parameters")
     return tools
 
@@ -213,12 +204,12 @@ def from_openai(record: dict) -> tuple[list[dict], list[dict] | None, Any]:
 def from_sharegpt(record: dict) -> tuple[list[dict], None, Any]:
     turns = record.get("conversations", record.get("conversation"))
     if not isinstance(turns, list) or not turns:
-        raise RowError("conversations", "expected a non-empty list of {from, value} turns")
+        raise RowError("bad_row", "conversations", "expected a non-empty list of {from, value} turns")
     messages = []
     for i, turn in enumerate(turns):
         role = SHAREGPT_ROLES.get(str(turn.get("from", "")).lower()) if isinstance(turn, dict) else None
         if role is None:
-            raise RowError(f"conversations[{i}].from", f"unknown speaker {turn!r:.60}")
+            raise RowError("bad_row", f"conversations[{i}].from", f"unknown speaker {turn!r:.60}")
         messages.append({"role": role, "content": turn.get("value")})
     return cut_last_reply(_check_messages(messages)), None, record.get("id")
 
@@ -238,15 +229,15 @@ def _bfcl_schema(node: Any) -> Any:
 def from_bfcl(record: dict) -> tuple[list[dict], list[dict], Any]:
     question = record.get("question")
     if not isinstance(question, list) or not question:
-        raise RowError("question", "expected a list of turns (each a list of chat messages)")
+        raise RowError("bad_row", "question", "expected a list of turns (each a list of chat messages)")
     turns = [m for turn in question for m in (turn if isinstance(turn, list) else [turn])]
     functions = record.get("function")
     if not isinstance(functions, list) or not functions:
-        raise RowError("function", "expected a non-empty list of function definitions")
+        raise RowError("bad_row", "function", "expected a non-empty list of function definitions")
     tools = []
     for i, fn in enumerate(functions):
         if not isinstance(fn, dict) or not fn.get("name"):
-            raise RowError(f"function[{i}].name", "function definition without a name")
+            raise RowError("bad_row", f"function[{i}].name", "function definition without a name")
         spec = {"name": fn["name"], "description": fn.get("description", "")}
         spec["parameters"] = _bfcl_schema(fn.get("parameters") or {"type": "object", "properties": {}})
         tools.append({"type": "function", "function": spec})
@@ -256,7 +247,7 @@ def from_bfcl(record: dict) -> tuple[list[dict], list[dict], Any]:
 def from_instruction(record: dict) -> tuple[list[dict], None, Any]:
     key = next((k for k in INSTRUCTION_KEYS if isinstance(record.get(k), str) and record[k].strip()), None)
     if key is None:
-        raise RowError("instruction", f"no non-empty field among {list(INSTRUCTION_KEYS)}")
+        raise RowError("bad_row", "instruction", f"no non-empty field among {list(INSTRUCTION_KEYS)}")
     text = record[key].strip()
     extra = record.get("input")
     if isinstance(extra, str) and extra.strip():
@@ -287,13 +278,13 @@ def load_source(cfg: SourceConfig) -> LoadedPrompts:
         record, location = item
         try:
             if not isinstance(record, dict):
-                raise RowError("<row>", f"expected an object, got {type(record).__name__}")
+                raise RowError("bad_row", "<row>", f"expected an object, got {type(record).__name__}")
             messages, tools, given = parse(record)
             if cfg.max_prompt_chars is not None:
                 chars = sum(len(m.get("content") or "") for m in messages)
                 if chars > cfg.max_prompt_chars:
                     raise RowError(
-                        "messages", f"prompt has {chars} chars > max_prompt_chars {cfg.max_prompt_chars}", "prompt_too_long"
+                        "prompt_too_long", "messages", f"prompt has {chars} chars > max_prompt_chars {cfg.max_prompt_chars}"
                     )
         except RowError as e:
             row_id = f"{cfg.name}:{record.get('id')}" if isinstance(record, dict) and record.get("id") else None

@@ -21,6 +21,7 @@ from tasks.generate.progress import GenerationProgress
 from tasks.generate.runner import RunTally, run_requests
 from tasks.generate.sources import STAGE, load_sources
 from tasks.generate.summary import publish_summary, summarize, write_summary
+from tasks.stages import stage_dir
 
 log = logging.getLogger(__name__)
 ROWS_PER_PART = 50_000
@@ -49,9 +50,6 @@ OUTPUT_FIELDS = (
 class MissingApiKeyError(RuntimeError):
     """No API key where the config says to find one (the message names where, never a value)."""
 
-
-def generations_dir(config: RunConfig) -> Path:
-    return config.run_dir / "generations"
 
 
 def resolve_api_key(api: ApiConfig) -> str | None:
@@ -137,7 +135,7 @@ def write_outputs(
 def run_generate(config: RunConfig) -> dict:
     """Generate every prompt the journal lacks; returns paths and counts."""
     gen = config.generate
-    gen_dir = generations_dir(config)
+    gen_dir = stage_dir(config, "generate")
     journal_path = gen_dir / "journal.jsonl"
     loaded = load_sources(gen.sources)
     state = read_journal(journal_path, repair=True)

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from tasks.config import MergeSourceConfig, RunConfig
 from tasks.contracts import ContractError, schema
 from tasks.merge.hashing import hash_strings
+from tasks.stages import stage_dir
 
 CLASSES = ("exact", "bpe_only", "semantic", "unverified")
 UNVERIFIED = CLASSES.index("unverified")
@@ -63,7 +64,7 @@ def source_labels(files: list[Path]) -> list[str]:
 
 def resolve_sources(config: RunConfig) -> tuple[list[MergeSourceConfig], list[InputDir]]:
     """The configured sources (or every source of this run's reconstruct output) and their directories."""
-    own = config.run_dir / "reconstructed"
+    own = stage_dir(config, "reconstruct")
     sources = list(config.merge.sources)
     if not sources:
         sources = [MergeSourceConfig(name=label) for label in source_labels(list_shards(own))]

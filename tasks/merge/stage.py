@@ -32,6 +32,7 @@ from tasks.merge.scan import INDEX_BYTES_PER_ROW, ScanIndex, scan_inputs
 from tasks.merge.shards import ShardWriter
 from tasks.merge.shuffle import BucketStore, bucket_count, shuffled_rows
 from tasks.merge.sources import InputDir, fingerprint_inputs, resolve_sources
+from tasks.stages import stage_dir
 
 MIB = 1 << 20
 NORMALISATION = "NFKC, lower-cased, whitespace runs collapsed to one space, trimmed"
@@ -45,14 +46,11 @@ class MergeBudgetError(MemoryError):
     """The configured memory budget cannot hold the merge's per-row index."""
 
 
-def merged_dir(config: RunConfig) -> Path:
-    return config.run_dir / "merged"
-
 
 def run_merge(config: RunConfig) -> dict:
     """Merge, dedup, mix and split the reconstructed sources into `run_dir/merged/`; a no-op when
     the inputs and config are unchanged. Returns a small summary (paths and counts)."""
-    target = merged_dir(config)
+    target = stage_dir(config, "merge")
     sources, dirs = resolve_sources(config)
     inputs = fingerprint_inputs(dirs)
     key = fingerprint(config_hash(config.merge, sources), inputs)

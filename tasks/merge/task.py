@@ -9,7 +9,8 @@ from tasks.config import RunConfig
 from tasks.merge.gate import gate_merged
 from tasks.merge.manifest import read_manifest
 from tasks.merge.report import render_report
-from tasks.merge.stage import merged_dir, run_merge
+from tasks.merge.stage import run_merge
+from tasks.stages import stage_dir
 
 
 # No Prefect cache: the manifest fingerprint covers input contents, which task inputs (a config) cannot.
@@ -17,7 +18,7 @@ from tasks.merge.stage import merged_dir, run_merge
 def merge_task(config: RunConfig) -> dict:
     """Run the merge (or find it current) and publish the mix and drops table as an artifact."""
     summary = run_merge(config)
-    report = render_report(read_manifest(merged_dir(config)))
+    report = render_report(read_manifest(stage_dir(config, "merge")))
     create_markdown_artifact(key="merge-mix", markdown=report, description="Merge: requested vs realised mix, drops")
     return summary
 
@@ -25,4 +26,4 @@ def merge_task(config: RunConfig) -> dict:
 @task(name="gate-merged", persist_result=False)
 def gate_merged_task(config: RunConfig) -> int:
     """Check the written shards against `expectations/merged.json`; returns the rows checked."""
-    return gate_merged(merged_dir(config), config.merge.share_tolerance).rows
+    return gate_merged(stage_dir(config, "merge"), config.merge.share_tolerance).rows

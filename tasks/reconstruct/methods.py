@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from os.path import commonprefix
 
 import numpy as np
 
@@ -46,24 +47,17 @@ def _check_decode(
         raise RowError(
             "ids_text_mismatch", "prompt_token_ids",
             f"row {turn.id!r}: prompt ids decode to text that differs from the rendered prompt "
-            f"at char {_first_difference(got_prompt, rendered.text[: rendered.gen_start])}",
+            f"at char {len(commonprefix([got_prompt, rendered.text[: rendered.gen_start]]))}",
         )
     want = rendered.text[rendered.gen_start : rendered.gen_end]
     got = tokens.decode(completion)
     if got != want:
-        at = _first_difference(got, want)
+        at = len(commonprefix([got, want]))
         raise RowError(
             "ids_text_mismatch", field,
             f"row {turn.id!r}: {field} decode to {got[max(0, at - 20): at + 20]!r} where the stored reply "
             f"renders {want[max(0, at - 20): at + 20]!r} (char {at})",
         )
-
-
-def _first_difference(a: str, b: str) -> int:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
 
 
 def _assemble(prompt: list[int], completion: list[int], method: str) -> Rebuilt:

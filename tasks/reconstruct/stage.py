@@ -14,7 +14,9 @@ from prefect import task
 from tasks.config import RunConfig
 from tasks.contracts import read_table, schema, write_table
 from tasks.failpoints import failpoint
+from tasks.gates import enforce
 from tasks.reconstruct.rebuild import rebuild_rows
+from tasks.stages import stage_dir
 from tasks.target.chat import resolve_end_of_turn
 from tasks.target.loader import load_tokenizer
 
@@ -33,21 +35,24 @@ class Shard:
     quarantine: str
 
 
-def out_dir(config: RunConfig) -> Path:
-    return config.run_dir / STAGE_DIR
-
-
 def plan_shards(config: RunConfig) -> list[Shard]:
     """One shard per `shard_rows` rows of each generations part; output names follow the input names."""
-    out = out_dir(config)
+    out = stage_dir(config, "reconstruct")
     shards = []
-    for path in sorted((config.run_dir / "generations").glob("part-*.parquet")):
+    for path in sorted(stage_dir(config, "generate").glob("part-*.parquet")):
         rows = pq.ParquetFile(path).metadata.num_rows
         for k in range(math.ceil(rows / config.reconstruct.shard_rows)):
             start = k * config.reconstruct.shard_rows
             name = f"{path.stem}-{k:04d}.parquet"
-            shards.append(Shard(str(path), start, min(rows, start + config.reconstruct.shard_rows),
-                                str(out / name), str(out / f"quarantine-{name}")))
+            shards.append(
+                Shard(
+                    str(path),
+                    start,
+                    min(rows, start + config.reconstruct.shard_rows),
+                    str(out / name),
+                    str(out / f"quarantine-{name}"),
+                )
+            )
     return shards
 
 
@@ -77,7 +82,8 @@ def reconstruct_shard(config: RunConfig, shard: Shard) -> dict:
 def remove_stale(config: RunConfig, shards: list[Shard]) -> None:
     """Drop outputs of shards no longer planned (fewer generations, another shard size)."""
     keep = {Path(s.output).name for s in shards} | {Path(s.quarantine).name for s in shards}
-    for path in list(out_dir(config).glob("part-*.parquet")) + list(out_dir(config).glob("quarantine-part-*.parquet")):
+    out = stage_dir(config, "reconstruct")
+    for path in list(out.glob("part-*.parquet")) + list(out.glob("quarantine-part-*.parquet")):
         if path.name not in keep:
             path.unlink()
 
@@ -86,13 +92,13 @@ def collect_quarantine(config: RunConfig, shards: list[Shard]) -> tuple[Path, in
     """Concatenate the shards' quarantine records into reconstructed/quarantine.parquet."""
     tables = [pq.read_table(s.quarantine) for s in shards if Path(s.quarantine).exists()]
     table = pa.concat_tables(tables) if tables else schema("quarantine").empty_table()
-    path = write_table("quarantine", table, out_dir(config) / "quarantine.parquet")
+    path = write_table("quarantine", table, stage_dir(config, "reconstruct") / "quarantine.parquet")
     return path, table.num_rows
 
 
 def gate_frame(config: RunConfig) -> pd.DataFrame:
     """Scalar columns of the reconstructed table for the `reconstructed` suite."""
-    return read_table("reconstructed", out_dir(config), columns=GATE_COLUMNS).to_pandas()
+    return read_table("reconstructed", stage_dir(config, "reconstruct"), columns=GATE_COLUMNS).to_pandas()
 
 
 def gate_parameters(config: RunConfig) -> dict:
@@ -105,9 +111,9 @@ def summarize(config: RunConfig, shards: list[Shard], results: list[dict]) -> di
     """Finish the stage: stale outputs removed, quarantine collected, counts by method."""
     remove_stale(config, shards)
     quarantine_path, quarantined = collect_quarantine(config, shards)
-    methods = read_table("reconstructed", out_dir(config), columns=["method"]).column("method").to_pylist()
+    methods = read_table("reconstructed", stage_dir(config, "reconstruct"), columns=["method"]).column("method").to_pylist()
     return {
-        "reconstructed": str(out_dir(config)),
+        "reconstructed": str(stage_dir(config, "reconstruct")),
         "quarantine": str(quarantine_path),
         "rows": sum(r["rows"] for r in results),
         "quarantined": quarantined,
@@ -121,6 +127,29 @@ def run_reconstruct(config: RunConfig) -> dict:
     """The whole stage in-process, shard by shard (the flow runs the same shards as tasks and gates them)."""
     shards = plan_shards(config)
     return summarize(config, shards, [reconstruct_shard(config, s) for s in shards])
+
+
+def summary_markdown(summary: dict) -> str:
+    methods = ", ".join(f"{m}: {n}" for m, n in summary["methods"].items()) or "none"
+    return f"# Reconstruct\n\n{summary['rows']} rows rebuilt ({methods}); {summary['quarantined']} quarantined.\n"
+
+
+@task(name="reconstruct-finalize", persist_result=False)
+def finalize_task(config: RunConfig, shards: list[Shard], results: list[dict]) -> dict:
+    """Collect the shards' outputs and quarantine, and publish the summary."""
+    from prefect.artifacts import create_markdown_artifact
+
+    summary = summarize(config, shards, results)
+    create_markdown_artifact(
+        key="reconstruct-summary", markdown=summary_markdown(summary), description="Reconstruct stage summary"
+    )
+    return summary
+
+
+@task(name="gate-reconstructed", persist_result=False)
+def gate_task(config: RunConfig) -> int:
+    """Gate the reconstructed table before validate and merge read it; returns the rows checked."""
+    return enforce("reconstructed", gate_frame(config), parameters=gate_parameters(config)).rows
 
 
 @task(name="reconstruct-shard", task_run_name="reconstruct-rows-{shard.start}-{shard.stop}", persist_result=False)

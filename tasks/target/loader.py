@@ -133,6 +133,20 @@ def load_model(cfg: TargetConfig, dtype: str = "float32", device: str = "cpu"):
     return model.to(device).eval()
 
 
+def resolve_dtype(name: str, device: str = "cpu") -> str:
+    """`auto` is bf16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else fp32.
+
+    Emulated bf16 on a CPU without it is 5-10x slower than fp32, so it is never chosen there.
+    """
+    if name != "auto":
+        return name
+    import torch
+
+    if device.startswith("cuda"):
+        return "bfloat16"
+    return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
+
+
 def pick_device(name: str = "auto") -> str:
     """`auto` means CUDA when present, else CPU."""
     if name != "auto":

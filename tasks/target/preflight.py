@@ -255,3 +255,12 @@ def preflight_task(cfg: TargetConfig) -> dict:
         "end_of_turn": report.end_of_turn, "end_of_turn_id": report.end_of_turn_id, "tokens": len(report.checks),
         "chat_format": report.chat_format,
     }
+
+
+def stage_preflight(cfg: TargetConfig) -> dict | None:
+    """The preflight for a stage flow run alone; inside `eagle3_pipeline` the parent ran it once already."""
+    from prefect.runtime import flow_run
+
+    if flow_run.parent_flow_run_id:
+        return None
+    return preflight_task(cfg)

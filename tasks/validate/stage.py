@@ -12,7 +12,9 @@ from prefect import task
 from tasks.config import RunConfig
 from tasks.contracts import atomic_path, read_table, write_table
 from tasks.failpoints import failpoint
+from tasks.gates import enforce
 from tasks.reconstruct.methods import truth_ids
+from tasks.stages import stage_dir
 from tasks.target.chat import resolve_end_of_turn
 from tasks.target.loader import load_tokenizer
 from tasks.validate.classify import EXACT, UNVERIFIED, Verdict, classify_ids, through_turn_end
@@ -21,12 +23,15 @@ from tasks.validate.simulate import simulate_rows
 
 STAGE_DIR = "validation"
 TRUTH_COLUMNS = [
-    "id", "source", "messages", "tools", "finish_reason", "prompt_token_ids", "token_ids", "template_kwargs",
+    "id",
+    "source",
+    "messages",
+    "tools",
+    "finish_reason",
+    "prompt_token_ids",
+    "token_ids",
+    "template_kwargs",
 ]
-
-
-def out_dir(config: RunConfig) -> Path:
-    return config.run_dir / STAGE_DIR
 
 
 def _record(row_id: str, source: str, method: str, mode: str, verdict: Verdict, round_trip: bool) -> dict:
@@ -46,7 +51,7 @@ def _record(row_id: str, source: str, method: str, mode: str, verdict: Verdict, 
 def load_truth(config: RunConfig, ids: set[str]) -> dict[str, dict]:
     """Generations rows (prompt, ids) for the given ids, read column-wise from every generations part."""
     out = {}
-    for path in sorted((config.run_dir / "generations").glob("part-*.parquet")):
+    for path in sorted(stage_dir(config, "generate").glob("part-*.parquet")):
         table = read_table("generations", path, columns=TRUTH_COLUMNS)
         for row in table.to_pylist():
             if row["id"] in ids:
@@ -85,7 +90,7 @@ def validate_part(config: RunConfig, part: Path) -> dict:
     if config.validation.simulate:
         for generation, verdict in simulate_rows(tokenizer, playable, config.target, end_of_turn, context):
             records.append(_record(generation["id"], generation["source"], "reencode", "simulate", verdict, True))
-    output = out_dir(config) / part.name
+    output = stage_dir(config, "validate") / part.name
     write_table("validation", records, output)
     failpoint("validate.part")
     return {"output": str(output), "rows": len(records)}
@@ -93,36 +98,36 @@ def validate_part(config: RunConfig, part: Path) -> dict:
 
 def remove_stale(config: RunConfig, parts: list[Path]) -> None:
     keep = {p.name for p in parts}
-    for path in out_dir(config).glob("part-*.parquet"):
+    for path in stage_dir(config, "validate").glob("part-*.parquet"):
         if path.name not in keep:
             path.unlink()
 
 
 def is_done(config: RunConfig, part: Path) -> bool:
-    output = out_dir(config) / part.name
+    output = stage_dir(config, "validate") / part.name
     forced = "validate" in config.orchestration.force or STAGE_DIR in config.orchestration.force
     return not forced and output.exists() and output.stat().st_mtime >= part.stat().st_mtime
 
 
 def plan_parts(config: RunConfig) -> list[Path]:
-    return sorted((config.run_dir / "reconstructed").glob("part-*.parquet"))
+    return sorted(stage_dir(config, "reconstruct").glob("part-*.parquet"))
 
 
 def summarize(config: RunConfig, parts: list[Path]) -> dict:
     """Rates table and markdown report from every validation part; returns paths, counts and the report."""
     remove_stale(config, parts)
-    rows = read_table("validation", out_dir(config)).to_pandas()
+    rows = read_table("validation", stage_dir(config, "validate")).to_pandas()
     rates = rates_frame(rows)
-    rates_path = out_dir(config) / "rates.parquet"
+    rates_path = stage_dir(config, "validate") / "rates.parquet"
     with atomic_path(rates_path) as tmp:
         rates.to_parquet(tmp, index=False)
     markdown = report_markdown(rates, rows, config.validation.examples)
-    report_path = out_dir(config) / "report.md"
+    report_path = stage_dir(config, "validate") / "report.md"
     with atomic_path(report_path) as tmp:
         tmp.write_text(markdown, encoding="utf-8")
     check = rates[rates["mode"] == "check"]
     return {
-        "validation": str(out_dir(config)),
+        "validation": str(stage_dir(config, "validate")),
         "rates": str(rates_path),
         "report": str(report_path),
         "rows": int(check["rows"].sum()),
@@ -137,18 +142,20 @@ def gate_frame(config: RunConfig) -> pd.DataFrame:
     A text-only source has no check truth; its simulate rates (the re-encode error of its own format,
     measured on its verified rows) and `verified_share` are what gate it.
     """
-    rates = pd.read_parquet(out_dir(config) / "rates.parquet")
+    rates = pd.read_parquet(stage_dir(config, "validate") / "rates.parquet")
     check = rates[rates["mode"] == "check"].set_index("source")
     simulate = rates[rates["mode"] == "simulate"].set_index("source").reindex(check.index)
-    frame = pd.DataFrame({
-        "source": check.index,
-        "rows": check["rows"].to_numpy(),
-        "verified_share": (check["verified"] / check["rows"].where(check["rows"] > 0, 1)).to_numpy(dtype="float64"),
-        "semantic_rate": check["semantic_rate"].to_numpy(),
-        "bpe_only_rate": check["bpe_only_rate"].to_numpy(),
-        "simulate_semantic_rate": simulate["semantic_rate"].fillna(0.0).to_numpy(),
-        "simulate_bpe_only_rate": simulate["bpe_only_rate"].fillna(0.0).to_numpy(),
-    })
+    frame = pd.DataFrame(
+        {
+            "source": check.index,
+            "rows": check["rows"].to_numpy(),
+            "verified_share": (check["verified"] / check["rows"].where(check["rows"] > 0, 1)).to_numpy(dtype="float64"),
+            "semantic_rate": check["semantic_rate"].to_numpy(),
+            "bpe_only_rate": check["bpe_only_rate"].to_numpy(),
+            "simulate_semantic_rate": simulate["semantic_rate"].fillna(0.0).to_numpy(),
+            "simulate_bpe_only_rate": simulate["bpe_only_rate"].fillna(0.0).to_numpy(),
+        }
+    )
     return frame.reset_index(drop=True)
 
 
@@ -172,10 +179,28 @@ def run_validate(config: RunConfig) -> dict:
     return summarize(config, parts)
 
 
+@task(name="validate-finalize", persist_result=False)
+def finalize_task(config: RunConfig, parts: list[Path]) -> dict:
+    """Rates and the report over every part; the report is published as `validation-report`."""
+    from prefect.artifacts import create_markdown_artifact
+
+    summary = summarize(config, parts)
+    create_markdown_artifact(
+        key="validation-report", markdown=summary.pop("markdown"), description="Validation rates and examples"
+    )
+    return summary
+
+
+@task(name="gate-validation", persist_result=False)
+def gate_task(config: RunConfig) -> int:
+    """Gate each source's check and simulate rates and its verified share; returns the sources checked."""
+    return enforce("validation", gate_frame(config), id_column="source", parameters=gate_parameters(config)).rows
+
+
 @task(name="validate-part", task_run_name="validate-{part.name}", persist_result=False)
 def validate_part_task(config: RunConfig, part: Path) -> dict:
     """One reconstructed part as a Prefect task; done parts are skipped by their output file."""
     if is_done(config, part):
-        out = out_dir(config) / part.name
+        out = stage_dir(config, "validate") / part.name
         return {"output": str(out), "rows": pq.ParquetFile(out).metadata.num_rows, "skipped": True}
     return validate_part(config, part)

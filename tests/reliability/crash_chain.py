@@ -72,9 +72,10 @@ def cli_args(config: Path, runs_dir: Path) -> list[str]:
 
 
 def finished_stages(run_dir: Path) -> list[str]:
-    from tasks.stage_record import RECORD_NAME, STAGES
+    from tasks.stage_record import RECORD_NAME
+    from tasks.stages import BY_NAME
 
-    return [s for s, _ in CHAIN if (run_dir / STAGES[s][0] / RECORD_NAME).exists()]
+    return [s for s, _ in CHAIN if (run_dir / BY_NAME[s].out_dir / RECORD_NAME).exists()]
 
 
 @dataclass

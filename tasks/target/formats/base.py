@@ -13,15 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-
-class RowError(ValueError):
-    """A row that cannot be rebuilt; `reason` is the short kind counted in quarantine, `field` the culprit."""
-
-    def __init__(self, reason: str, field: str | None, detail: str):
-        super().__init__(detail)
-        self.reason = reason
-        self.field = field
-        self.detail = detail
+from tasks.contracts import RowError
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,32 @@
+"""The `generations` gate: every row has a reply and an allowed finish reason; the run's error rate is bounded."""
+
+from __future__ import annotations
+
+import pandas as pd
+from prefect import task
+
+from tasks.config import RunConfig
+from tasks.contracts import read_table
+from tasks.gates import enforce
+from tasks.stages import stage_dir
+
+NO_ROWS = "(no rows)"  # the frame's one row when nothing came back: the error rate is still checked
+
+
+def gate_frame(config: RunConfig, error_rate: float) -> pd.DataFrame:
+    """Scalar columns only: id, whether the row has a reply, finish_reason, the run's error rate."""
+    columns = ["id", "content", "tool_calls", "finish_reason"]
+    frame = read_table("generations", stage_dir(config, "generate"), columns=columns).to_pandas()
+    if frame.empty:
+        return pd.DataFrame({"id": [NO_ROWS], "has_reply": [True], "finish_reason": ["stop"], "error_rate": [error_rate]})
+    has_reply = frame["content"].fillna("").str.strip().ne("") | frame["tool_calls"].notna()
+    return pd.DataFrame(
+        {"id": frame["id"], "has_reply": has_reply, "finish_reason": frame["finish_reason"], "error_rate": error_rate}
+    )
+
+
+@task(name="gate-generations", persist_result=False)
+def gate_generations_task(config: RunConfig, error_rate: float) -> int:
+    """Gate the generations table before reconstruct reads it; returns the rows checked."""
+    result = enforce("generations", gate_frame(config, error_rate), parameters={"max_error_rate": config.generate.max_error_rate})
+    return result.rows

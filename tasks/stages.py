@@ -1,0 +1,107 @@
+"""The stages, in pipeline order: the one list the pipeline, stage records, run report, CLI and deploy loop over.
+
+A new stage goes here (its output directory, the config sections and upstream stages its rerun key
+depends on, its gate suite and artifacts, its flow) and in `tasks/<stage>/` + `flows/<stage>.py`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.config import RunConfig
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    out_dir: str  # under runs/<name>/
+    sections: tuple[str, ...]  # config sections its rerun key depends on
+    upstream: tuple[str, ...]  # stages whose outputs it reads
+    suite: str  # gate suite in expectations/ (its report artifact is gate-<suite>)
+    artifacts: tuple[str, ...]  # artifact keys it publishes besides the gate report
+    flow: str  # "module:attribute" of its Prefect flow
+
+    @property
+    def gate_artifact(self) -> str:
+        return f"gate-{self.suite.replace('_', '-')}"
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        "generate",
+        "generations",
+        ("target", "generate"),
+        (),
+        "generations",
+        ("generate-summary",),
+        "flows.generate:generate_flow",
+    ),
+    Stage(
+        "reconstruct",
+        "reconstructed",
+        ("target", "reconstruct"),
+        ("generate",),
+        "reconstructed",
+        ("reconstruct-summary",),
+        "flows.reconstruct:reconstruct_flow",
+    ),
+    Stage(
+        "validate",
+        "validation",
+        ("target", "validation"),
+        ("reconstruct",),
+        "validation",
+        ("validation-report",),
+        "flows.validate:validate_flow",
+    ),
+    Stage("merge", "merged", ("merge",), ("reconstruct", "validate"), "merged", ("merge-mix",), "flows.merge:merge_flow"),
+    Stage(
+        "extract",
+        "hidden_states",
+        ("target", "extract"),
+        ("merge",),
+        "hidden_states",
+        ("extract-summary",),
+        "flows.extract:extract_flow",
+    ),
+    Stage(
+        "train",
+        "draft",
+        ("target", "train"),
+        ("extract", "merge"),
+        "train",
+        ("train-summary", "train-metrics", "train-curves"),
+        "flows.train:train_flow",
+    ),
+    Stage(
+        "evaluate",
+        "eval",
+        ("target", "evaluate"),
+        ("train", "merge"),
+        "eval",
+        ("eval-acceptance", "eval-histogram"),
+        "flows.evaluate:evaluate_flow",
+    ),
+)
+BY_NAME = {s.name: s for s in STAGES}
+STAGE_NAMES = tuple(BY_NAME)
+
+
+def stage(name: str) -> Stage:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown stage {name!r}; stages: {list(STAGE_NAMES)}") from None
+
+
+def stage_dir(config: RunConfig, name: str) -> Path:
+    """Where a stage writes, under the run directory."""
+    return config.run_dir / stage(name).out_dir
+
+
+def stage_flow(name: str):
+    """The stage's Prefect flow (imported on demand, so each flow module stays importable alone)."""
+    module, attribute = stage(name).flow.split(":")
+    return getattr(importlib.import_module(module), attribute)
