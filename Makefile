@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU build of torch; a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup assets demo test reliability lint bench clean
+.PHONY: setup assets demo test test-fast reliability lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -23,14 +23,20 @@ assets: setup
 demo: assets
 	$(BIN)/draftsmith demo --config configs/demo.yaml
 
-test: assets
+# The whole suite, lint first (CI runs exactly this).
+test: assets lint
 	$(BIN)/python -m pytest -q --durations=15
+
+# The inner loop: everything but the end-to-end pipeline runs marked slow.
+test-fast: assets
+	$(BIN)/python -m pytest -q -m "not slow" --durations=10
 
 reliability: assets
 	$(BIN)/python -m pytest -q -m reliability
 
 lint: setup
 	$(BIN)/ruff check flows tasks tests bench
+	$(BIN)/ruff format --check flows tasks tests bench
 
 clean:
 	rm -rf runs .prefect

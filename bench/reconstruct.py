@@ -42,11 +42,15 @@ def sharegpt_rows(limit: int) -> list[dict]:
         turns = record.get("conversations") or []
         for human, gpt in zip(turns, turns[1:], strict=False):
             if human.get("from") == "human" and gpt.get("from") == "gpt" and human.get("value") and gpt.get("value"):
-                rows.append({
-                    "id": f"{record.get('id')}-{len(rows)}", "source": "sharegpt",
-                    "messages": json.dumps([{"role": "user", "content": human["value"]}], ensure_ascii=False),
-                    "content": gpt["value"], "finish_reason": "stop",
-                })
+                rows.append(
+                    {
+                        "id": f"{record.get('id')}-{len(rows)}",
+                        "source": "sharegpt",
+                        "messages": json.dumps([{"role": "user", "content": human["value"]}], ensure_ascii=False),
+                        "content": gpt["value"],
+                        "finish_reason": "stop",
+                    }
+                )
                 if len(rows) == limit:
                     return rows
     return rows
@@ -105,13 +109,17 @@ def main() -> None:
 
     ours = results["draftsmith reconstruct"][0]
     mode = "parallel" if os.environ.get("TOKENIZERS_PARALLELISM") == "true" else "one thread"
-    print(f"\n{len(rows)} ShareGPT rows, SmolLM2 tokenizer, {results['raw encode_batch'][2]:,} tokens, "
-          f"tokenizers {mode}, best of {args.repeats}\n")
+    print(
+        f"\n{len(rows)} ShareGPT rows, SmolLM2 tokenizer, {results['raw encode_batch'][2]:,} tokens, "
+        f"tokenizers {mode}, best of {args.repeats}\n"
+    )
     print(f"| {'method':<24} | {'rows':>6} | {'seconds':>8} | {'rows/s':>9} | {'tokens/s':>11} | draftsmith speed-up |")
     print(f"|{'-' * 26}|{'-' * 8}|{'-' * 10}|{'-' * 11}|{'-' * 13}|{'-' * 21}|")
     for name, (seconds, done, tokens) in results.items():
-        print(f"| {name:<24} | {done:>6} | {seconds:>8.2f} | {done / seconds:>9,.0f} | {tokens / seconds:>11,.0f} "
-              f"| {seconds / ours:>18.2f}x |")
+        print(
+            f"| {name:<24} | {done:>6} | {seconds:>8.2f} | {done / seconds:>9,.0f} | {tokens / seconds:>11,.0f} "
+            f"| {seconds / ours:>18.2f}x |"
+        )
 
 
 if __name__ == "__main__":

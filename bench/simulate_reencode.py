@@ -64,8 +64,16 @@ def main() -> None:
     end_of_turn = resolve_end_of_turn(tokenizer, target)
     prompts = sharegpt_prompts(args.rows, args.max_prompt_chars)
     start = time.perf_counter()
-    rows = sample_generations(model, tokenizer, prompts, end_of_turn, source="sharegpt", max_new_tokens=args.max_new_tokens,
-                              temperature=args.temperature, batch_size=args.batch_size)
+    rows = sample_generations(
+        model,
+        tokenizer,
+        prompts,
+        end_of_turn,
+        source="sharegpt",
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        batch_size=args.batch_size,
+    )
     sampled_s = time.perf_counter() - start
     if args.save:
         with args.save.open("w", encoding="utf-8") as f:
@@ -76,8 +84,10 @@ def main() -> None:
     tokens = sum(len(r["token_ids"]) for r in rows)
     finished = sum(r["finish_reason"] == "stop" for r in rows)
 
-    print(f"\n{len(rows)} SmolLM2-135M-Instruct replies (T={args.temperature}, <= {args.max_new_tokens} new tokens, "
-          f"{tokens:,} generated tokens, {finished} ended on <|im_end|>), sampled in {sampled_s:.0f} s\n")
+    print(
+        f"\n{len(rows)} SmolLM2-135M-Instruct replies (T={args.temperature}, <= {args.max_new_tokens} new tokens, "
+        f"{tokens:,} generated tokens, {finished} ended on <|im_end|>), sampled in {sampled_s:.0f} s\n"
+    )
     print("| class | rows | share |")
     print("|---|---|---|")
     for klass in ("exact", "bpe_only", "semantic"):

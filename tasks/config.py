@@ -14,15 +14,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 # The chat formats of tasks/target/formats/ (a test keeps the two lists equal).
 ChatFormatName = Literal[
-    "auto", "kimi-k2.5", "kimi-k2", "deepseek-v3.2", "deepseek-v3.1", "glm-4.6", "gpt-oss", "qwen3.5", "qwen3-coder", "qwen3",
-    "llama-3", "chatml",
+    "auto",
+    "kimi-k2.5",
+    "kimi-k2",
+    "deepseek-v3.2",
+    "deepseek-v3.1",
+    "glm-4.6",
+    "gpt-oss",
+    "qwen3.5",
+    "qwen3-coder",
+    "qwen3",
+    "llama-3",
+    "chatml",
 ]
 
 
 class StrictModel(BaseModel):
     """Base for every config model: unknown keys are errors, assignments are validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Each field's docstring is its description: the Prefect form and the JSON schema show it.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
 class ConfigError(ValueError):
@@ -35,30 +46,30 @@ class ConfigError(ValueError):
 class TargetConfig(StrictModel):
     """The target model whose drafts we train."""
 
-    # Model name sent to the chat API (OpenRouter slug, vLLM served name).
     model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
-    # Where the tokenizer/weights come from: the embedded demo GGUF, a GGUF file, an HF
-    # model directory, or a bare tokenizer.json (tokenizer only: no extract/train/evaluate).
+    """Model name sent to the chat API (OpenRouter slug, vLLM served name)."""
     source: Literal["demo", "gguf", "hf_dir", "tokenizer_json"] = "demo"
-    # File (gguf, tokenizer_json) or directory (hf_dir); unused for the demo.
+    """Where the tokenizer/weights come from: the embedded demo GGUF, a GGUF file, an HF model directory, or a bare
+    tokenizer.json (tokenizer only: no extract/train/evaluate)."""
     path: Path | None = None
-    # Remote code runs arbitrary Python from the model repo: off unless asked for (Kimi needs it).
+    """File (gguf, tokenizer_json) or directory (hf_dir); unused for the demo."""
     trust_remote_code: bool = False
-    # How the model writes a generated turn (reasoning markers, tool-call syntax, end of turn);
-    # "auto" detects the family from the chat template (tasks/target/formats/).
+    """Remote code runs arbitrary Python from the model repo: off unless asked for (Kimi needs it)."""
     chat_format: ChatFormatName = "auto"
-    # Special-token ids the config pins, by token text; preflight checks each against the tokenizer.
+    """How the model writes a generated turn (reasoning markers, tool-call syntax, end of turn); "auto" detects the family from
+    the chat template (tasks/target/formats/)."""
     special_tokens: dict[str, int] = Field(default_factory=dict)
-    # Extra marker texts to verify beyond those found in the chat template.
+    """Special-token ids the config pins, by token text; preflight checks each against the tokenizer."""
     extra_markers: list[str] = Field(default_factory=list)
-    # A Jinja chat template used instead of the tokenizer's own (or where it has none): a file, or a
-    # real template from the llama.cpp corpus, e.g.
-    # "pypi-sdist:llama-cpp-python==0.3.36/vendor/llama.cpp/models/templates/deepseek-ai-DeepSeek-V4.jinja".
+    """Extra marker texts to verify beyond those found in the chat template."""
     chat_template: str | None = None
-    # Text of the end-of-turn token; None resolves it from the template (then eos).
+    """A Jinja chat template used instead of the tokenizer's own (or where it has none): a file, or a real template from the
+    llama.cpp corpus, e.g. "pypi-sdist:llama-cpp-python==0.3.36/vendor/llama.cpp/models/templates/deepseek-ai-
+    DeepSeek-V4.jinja"."""
     end_of_turn: str | None = None
-    # Tokens per training sequence; longer rows are quarantined, not truncated.
+    """Text of the end-of-turn token; None resolves it from the template (then eos)."""
     max_length: int = Field(2048, gt=0)
+    """Tokens per training sequence; longer rows are quarantined, not truncated."""
 
 
 # --------------------------------------------------------------------------- generate
@@ -67,159 +78,173 @@ class TargetConfig(StrictModel):
 class SourceConfig(StrictModel):
     """One prompt source."""
 
-    # Name recorded on every row; per-source rates and mixes are keyed on it.
     name: str
-    # Row layout: OpenAI messages, ShareGPT conversations, BFCL function calling, instruction/response.
+    """Name recorded on every row; per-source rates and mixes are keyed on it."""
     format: Literal["openai", "sharegpt", "bfcl", "instruction"]
-    # A file path, or "pypi:<package>/<member>" for data shipped inside a PyPI wheel.
+    """Row layout: OpenAI messages, ShareGPT conversations, BFCL function calling, instruction/response."""
     path: str
-    # Rows to take (after skipping unreadable ones); None takes all.
+    """A file path, or "pypi:<package>/<member>" for data shipped inside a PyPI wheel."""
     limit: int | None = Field(None, gt=0)
-    # Rows to skip first, so several runs can draw disjoint slices.
+    """Rows to take (after skipping unreadable ones); None takes all."""
     offset: int = Field(0, ge=0)
-    # Prompts longer than this (characters over all turns) are quarantined before any request is paid.
+    """Rows to skip first, so several runs can draw disjoint slices."""
     max_prompt_chars: int | None = Field(None, gt=0)
+    """Prompts longer than this (characters over all turns) are quarantined before any request is paid."""
 
 
 class ApiConfig(StrictModel):
     """The OpenAI-compatible chat-completions endpoint."""
 
-    # OpenRouter, a vLLM/SGLang server, or the embedded server ("embedded" starts it for the run).
     base_url: str = "https://openrouter.ai/api/v1"
-    # Flavour of the server: decides which extra options are sent and which reply fields are read.
+    """OpenRouter, a vLLM/SGLang server, or the embedded server ("embedded" starts it for the run)."""
     provider: Literal["openrouter", "vllm", "sglang", "openai", "embedded"] = "openrouter"
-    # Environment variable holding the API key (never written anywhere).
+    """Flavour of the server: decides which extra options are sent and which reply fields are read."""
     api_key_env: str | None = "OPENROUTER_API_KEY"
-    # Prefect Secret block holding the API key, used when the environment variable is unset.
+    """Environment variable holding the API key (never written anywhere)."""
     api_key_secret_block: str | None = None
-    # Requests in flight; LLM APIs take seconds, so throughput is concurrency / latency.
+    """Prefect Secret block holding the API key, used when the environment variable is unset."""
     concurrency: int = Field(64, gt=0)
-    # Seconds per request before it counts as a timeout (long reasoning replies are slow).
+    """Requests in flight; LLM APIs take seconds, so throughput is concurrency / latency."""
     timeout_s: float = Field(600.0, gt=0)
-    # Retries per request for retryable failures (429, 5xx, timeouts, resets).
+    """Seconds per request before it counts as a timeout (long reasoning replies are slow)."""
     max_retries: int = Field(6, ge=0)
-    # First backoff in seconds; doubles each retry, with full jitter.
+    """Retries per request for retryable failures (429, 5xx, timeouts, resets)."""
     backoff_base_s: float = Field(1.0, gt=0)
-    # Cap on one backoff, including a server's Retry-After.
+    """First backoff in seconds; doubles each retry, with full jitter."""
     backoff_max_s: float = Field(60.0, gt=0)
-    # Embedded server only: torch threads (1 keeps it steady when other processes share the cores).
+    """Cap on one backoff, including a server's Retry-After."""
     server_threads: int = Field(1, gt=0)
-    # Embedded server only: most sequences decoded together in one forward pass.
+    """Embedded server only: torch threads (1 keeps it steady when other processes share the cores)."""
     server_max_batch: int = Field(16, gt=0)
-    # Embedded server only: compute dtype; auto = bf16 where the CPU has native bf16 (~2x faster), else fp32.
+    """Embedded server only: most sequences decoded together in one forward pass."""
     server_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    # Embedded server only: seconds to wait for it to load the model and answer /health.
+    """Embedded server only: compute dtype; auto = bf16 where the CPU has native bf16 (~2x faster), else fp32."""
     server_startup_s: float = Field(180.0, gt=0)
+    """Embedded server only: seconds to wait for it to load the model and answer /health."""
 
 
 class RequestConfig(StrictModel):
     """Sampling and server options sent with each request."""
 
     temperature: float = Field(0.7, ge=0)
+    """Sampling temperature; 0 is greedy."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass; 1 samples from the whole distribution."""
     max_tokens: int = Field(1024, gt=0)
-    # Fixed seed per request id keeps reruns comparable where the server honours it.
+    """Most tokens per reply; a reply cut here ends with finish_reason length."""
     seed: int | None = 0
+    """Fixed seed per request id keeps reruns comparable where the server honours it."""
     stop: list[str] | None = None
-    # OpenRouter `reasoning` object, e.g. {"effort": "high"}.
+    """Stop strings; the reply ends before the first one."""
     reasoning: dict[str, Any] | None = None
-    # OpenRouter `provider` routing, e.g. {"order": [...], "quantizations": ["fp8"]}.
+    """OpenRouter `reasoning` object, e.g. {"effort": "high"}."""
     provider_routing: dict[str, Any] | None = None
-    # vLLM/SGLang: return prompt and completion token ids (exact ground truth).
+    """OpenRouter `provider` routing, e.g. {"order": [...], "quantizations": ["fp8"]}."""
     return_token_ids: bool = False
-    # Return logprob entries with their true bytes (second-best ground truth).
+    """vLLM/SGLang: return prompt and completion token ids (exact ground truth)."""
     logprobs: bool = False
+    """Return logprob entries with their true bytes (second-best ground truth)."""
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    # vLLM/SGLang chat_template_kwargs, e.g. {"enable_thinking": true}.
+    """Alternatives returned per logprob entry (0-20)."""
     chat_template_kwargs: dict[str, Any] | None = None
-    # Anything else to pass through verbatim in the request body.
+    """vLLM/SGLang chat_template_kwargs, e.g. {"enable_thinking": true}."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    """Anything else to pass through verbatim in the request body."""
 
 
 class GenerateConfig(StrictModel):
     """Prompt sources, the API to call, and the limits of one generation run."""
 
     sources: list[SourceConfig] = Field(default_factory=list)
+    """Prompt sources, read in order."""
     api: ApiConfig = Field(default_factory=ApiConfig)
+    """The chat-completions endpoint and how to call it."""
     request: RequestConfig = Field(default_factory=RequestConfig)
-    # Stop cleanly (everything finished journaled) once usage.cost adds up to this many USD.
+    """Options sent with every request."""
     budget_usd: float | None = Field(None, gt=0)
-    # Gate: share of requested rows that may end as permanent failures.
+    """Stop cleanly (everything finished journaled) once usage.cost adds up to this many USD."""
     max_error_rate: float = Field(0.05, ge=0, le=1)
-    # Replies per journal fsync: small batches bound what a crash can lose to what is in flight.
+    """Gate: share of requested rows that may end as permanent failures."""
     journal_batch: int = Field(8, gt=0)
+    """Replies per journal fsync: small batches bound what a crash can lose to what is in flight."""
 
 
 # --------------------------------------------------------------------------- reconstruct / validate
 
 
 class ReconstructConfig(StrictModel):
-    # Methods tried in order; a row uses the first one its data allows.
     methods: list[Literal["server_ids", "logprobs", "reencode"]] = Field(
         default_factory=lambda: ["server_ids", "logprobs", "reencode"]
     )
-    # Rows per worker shard (Prefect task); coarse shards keep orchestration overhead small.
+    """Methods tried in order; a row uses the first one its data allows."""
     shard_rows: int = Field(5000, gt=0)
-    # Rows per encode batch inside a shard; the next chunk renders while this one encodes.
+    """Rows per worker shard (Prefect task); coarse shards keep orchestration overhead small."""
     pipeline_rows: int = Field(1000, gt=0)
-    # Threads encoding chunks at once (the tokenizer releases the GIL): about the cores a shard may use.
+    """Rows per encode batch inside a shard; the next chunk renders while this one encodes."""
     encode_threads: int = Field(2, gt=0)
-    # Reasoning that a provider also copied into the content: refuse the row, or drop the copy.
+    """Threads encoding chunks at once (the tokenizer releases the GIL): about the cores a shard may use."""
     echoed_reasoning: Literal["quarantine", "strip"] = "quarantine"
+    """Reasoning that a provider also copied into the content: refuse the row, or drop the copy."""
 
 
 class ValidationConfig(StrictModel):
-    # Gate: share of verified rows whose decoded text differs (a rebuild bug); default none at all.
     max_semantic_rate: float = Field(0.0, ge=0, le=1)
-    # Gate: share of verified rows whose ids differ with identical text (BPE ambiguity).
+    """Gate: share of verified rows whose decoded text differs (a rebuild bug); default none at all."""
     max_bpe_only_rate: float = Field(0.25, ge=0, le=1)
-    # Gate: the same two rates in simulate mode (the text API played on rows with true ids): the
-    # re-encode error a text-only run of this format carries.
+    """Gate: share of verified rows whose ids differ with identical text (BPE ambiguity)."""
     max_simulate_semantic_rate: float = Field(0.0, ge=0, le=1)
+    """Gate: most simulated semantic share per source (simulate = the text API replayed on rows with true ids:
+    the re-encode error a text-only run of this format carries)."""
     max_simulate_bpe_only_rate: float = Field(0.35, ge=0, le=1)
-    # Gate: share of each source's rows with ground truth (server ids or logprobs): a text-only source
-    # needs some (e.g. request.logprobs on, or a vLLM/SGLang slice) so its error is measured, not assumed.
+    """Gate: most simulated bpe_only share per source."""
     min_verified_share: float = Field(0.05, ge=0, le=1)
-    # Tokens of context shown on each side of a first divergence.
+    """Gate: share of each source's rows with ground truth (server ids or logprobs): a text-only source needs some (e.g.
+    request.logprobs on, or a vLLM/SGLang slice) so its error is measured, not assumed."""
     context_tokens: int = Field(4, ge=0)
-    # Examples per source and class in the report.
+    """Tokens of context shown on each side of a first divergence."""
     examples: int = Field(5, ge=0)
-    # Also play the text API on rows with true ids and classify the re-encode (simulate mode).
+    """Examples per source and class in the report."""
     simulate: bool = True
+    """Also play the text API on rows with true ids and classify the re-encode (simulate mode)."""
 
 
 # --------------------------------------------------------------------------- merge
 
 
 class MergeSourceConfig(StrictModel):
-    # Name in the mix report; defaults to the reconstructed table's own source names.
     name: str
-    # A reconstructed/ directory; None means this run's own reconstruct output.
+    """Name in the mix report; defaults to the reconstructed table's own source names."""
     path: Path | None = None
-    # Relative sampling weight; None keeps every row (subject to max_rows).
+    """A reconstructed/ directory; None means this run's own reconstruct output."""
     weight: float | None = Field(None, gt=0)
+    """Relative sampling weight; None keeps every row (subject to max_rows)."""
     max_rows: int | None = Field(None, gt=0)
+    """Most rows taken from this source; None takes all."""
     min_tokens: int = Field(1, ge=1)
+    """Rows with fewer tokens are dropped."""
     max_tokens: int | None = Field(None, gt=0)
-    # Replies cut by max_tokens never end with the end-of-turn token the draft must learn.
+    """Rows with more tokens are dropped; None keeps all."""
     drop_truncated: bool = True
-    # Validation classes kept; "unverified" rows had no ground truth.
+    """Replies cut by max_tokens never end with the end-of-turn token the draft must learn."""
     allowed_classes: list[Literal["exact", "bpe_only", "semantic", "unverified"]] = Field(
         default_factory=lambda: ["exact", "bpe_only", "unverified"]
     )
+    """Validation classes kept; "unverified" rows had no ground truth."""
 
 
 class MergeConfig(StrictModel):
-    # Empty means: every source in this run's reconstructed table, unweighted.
     sources: list[MergeSourceConfig] = Field(default_factory=list)
-    # Eval rows as a fraction (<1) or a count (>=1), stratified by source.
+    """Empty means: every source in this run's reconstructed table, unweighted."""
     eval_size: float = Field(0.1, ge=0)
+    """Eval rows as a fraction (<1) or a count (>=1), stratified by source."""
     seed: int = 0
+    """Seed of the shuffle and the split: the same seed gives byte-identical shards."""
     rows_per_shard: int = Field(10_000, gt=0)
-    # Peak memory the merge may use, in MiB.
+    """Rows per output Parquet shard."""
     memory_budget_mb: int = Field(1024, gt=0)
-    # Gate: realised source share may differ from the requested one by this much (absolute).
+    """Peak memory the merge may use, in MiB."""
     share_tolerance: float = Field(0.05, ge=0, le=1)
+    """Gate: realised source share may differ from the requested one by this much (absolute)."""
 
     @field_validator("sources")
     @classmethod
@@ -244,107 +269,127 @@ class MergeConfig(StrictModel):
 class ExtractConfig(StrictModel):
     """How the target's hidden states are captured and stored for offline training."""
 
-    # The engine that runs the target; transformers is the one implemented (see tasks/extract/backend.py).
     backend: Literal["transformers"] = "transformers"
-    # HF hidden_states indices (= input of decoder layer i); None = [2, L//2, L-3] as EAGLE-3.
+    """The engine that runs the target; transformers is the one implemented (see tasks/extract/backend.py)."""
     aux_layer_ids: list[int] | None = None
-    # Padded tokens per forward batch; rows are sorted by length and packed to this budget.
+    """HF hidden_states indices (= input of decoder layer i); None = [2, L//2, L-3] as EAGLE-3."""
     batch_tokens: int = Field(4096, gt=0)
-    # Compute dtype; storage is always bf16. "auto": bf16 on CUDA or a CPU with native bf16, else
-    # fp32 (emulated bf16 on an AVX2-only CPU ran ~5x slower than fp32).
+    """Padded tokens per forward batch; rows are sorted by length and packed to this budget."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    # "auto" picks CUDA when present.
+    """Compute dtype; storage is always bf16. "auto": bf16 on CUDA or a CPU with native bf16, else fp32 (emulated bf16 on an
+    AVX2-only CPU ran ~5x slower than fp32)."""
     device: str = "auto"
-    # Tokens per safetensors shard (one shard is also the unit of resume); 65k tokens ~ 300 MB at H=576.
+    """"auto" picks CUDA when present."""
     shard_tokens: int = Field(65_536, gt=0)
-    # CPU only: torch threads; None keeps torch's default (size it when other processes share the cores).
+    """Tokens per safetensors shard (one shard is also the unit of resume); 65k tokens ~ 300 MB at H=576."""
     cpu_threads: int | None = Field(None, gt=0)
-    # Gate: each shard's mean L2 norm per stored state (3 aux + final) must lie in this range.
+    """CPU only: torch threads; None keeps torch's default (size it when other processes share the cores)."""
     norm_range: tuple[float, float] = (1e-3, 1e4)
+    """Gate: each shard's mean L2 norm per stored state (3 aux + final) must lie in this range."""
 
 
 # --------------------------------------------------------------------------- train / evaluate
 
 
 class TrainConfig(StrictModel):
-    # offline reads the extract stage's shards; online runs the target inside the loop.
     mode: Literal["offline", "online"] = "offline"
-    # Draft vocabulary size (capped at the target vocab).
+    """offline reads the extract stage's shards; online runs the target inside the loop."""
     draft_vocab_size: int = Field(32_000, gt=0)
-    # Training-time test: unrolled steps, each feeding back the draft's own hidden state.
+    """Draft vocabulary size (capped at the target vocab)."""
     ttt_steps: int = Field(7, ge=1)
-    # Weight of step i's loss is decay**i.
+    """Training-time test: unrolled steps, each feeding back the draft's own hidden state."""
     ttt_decay: float = Field(0.8, gt=0, le=1)
+    """Weight of step i's loss is decay**i."""
     lr: float = Field(1e-4, gt=0)
+    """Peak AdamW learning rate (EAGLE-3's 1e-4)."""
     warmup_steps: int = Field(20, ge=0)
+    """Linear warmup steps before the cosine decay."""
     max_steps: int = Field(200, gt=0)
-    # Tokens per optimizer step (rows are packed up to this many).
+    """Optimizer steps in all (resumed runs continue to this)."""
     batch_tokens: int = Field(2048, gt=0)
+    """Tokens per optimizer step (rows are packed up to this many)."""
     grad_clip: float = Field(0.5, gt=0)
+    """Gradient norm clip (EAGLE-3's 0.5)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
+    """Training dtype of the draft; the embedding stays the target's."""
     checkpoint_every: int = Field(50, gt=0)
-    # Checkpoints kept on disk (newest first); older ones are deleted after each save.
+    """Steps between checkpoints (resume restarts from the last)."""
     keep_checkpoints: int = Field(2, gt=0)
+    """Checkpoints kept on disk (newest first); older ones are deleted after each save."""
     seed: int = 0
+    """Seed of the draft's initialisation and the data order."""
     device: str = "auto"
-    # Draft config fields to override (intermediate_size, num_attention_heads, ...).
+    """auto = CUDA when present, else CPU."""
     draft_overrides: dict[str, Any] = Field(default_factory=dict)
-    # What unrolled steps read as their token: the draft's own argmax (as at inference) or the data.
+    """Draft config fields to override (intermediate_size, num_attention_heads, ...)."""
     ttt_feed: Literal["predicted", "data"] = "predicted"
-    # Start lm_head from the target's lm_head rows of the draft vocab (a far better start than noise).
+    """What unrolled steps read as their token: the draft's own argmax (as at inference) or the data."""
     init_lm_head_from_target: bool = True
-    # Processes for data-parallel training; >1 launches `torchrun` (gloo on CPU, nccl on GPUs).
+    """Start lm_head from the target's lm_head rows of the draft vocab (a far better start than noise)."""
     processes: int = Field(1, gt=0)
-    # torch threads per training process (CPU); size it to the cores you have.
+    """Processes for data-parallel training; >1 launches `torchrun` (gloo on CPU, nccl on GPUs)."""
     threads_per_rank: int = Field(1, gt=0)
-    # Weights dtype in the exported model.safetensors (what serving engines load).
+    """torch threads per training process (CPU); size it to the cores you have."""
     export_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    # Layer-id convention written to config.json: SGLang adds 1 to the ids it reads, vLLM does not.
+    """Weights dtype in the exported model.safetensors (what serving engines load)."""
     export_engine: Literal["sglang", "vllm"] = "sglang"
+    """Layer-id convention written to config.json: SGLang adds 1 to the ids it reads, vLLM does not."""
 
 
 class EvaluateConfig(StrictModel):
-    # Held-out prompts (from the merged eval split) to decode.
     num_prompts: int = Field(8, gt=0)
+    """Held-out prompts (from the merged eval split) to decode."""
     max_new_tokens: int = Field(64, gt=0)
-    # Draft tokens proposed per target forward (a chain, as SGLang's steps=3/draft=4).
+    """Tokens generated per held-out prompt."""
     num_draft_tokens: int = Field(4, ge=1)
-    # Gate: acceptance length (tokens per target forward) must reach this.
+    """Draft tokens proposed per target forward (a chain, as SGLang's steps=3/draft=4)."""
     min_acceptance_length: float = Field(1.0, ge=0)
+    """Gate: acceptance length (tokens per target forward) must reach this."""
     device: str = "auto"
+    """auto = CUDA when present, else CPU."""
 
 
 # --------------------------------------------------------------------------- run
 
 
 class OrchestrationConfig(StrictModel):
-    # Task runner: threads on one machine; dask or ray spread shards over a cluster.
     task_runner: Literal["threads", "dask", "ray"] = "threads"
-    # Worker threads/processes for the runner.
+    """Task runner: threads on one machine; dask or ray spread shards over a cluster."""
     max_workers: int = Field(2, gt=0)
-    # Address of an existing Dask scheduler or Ray cluster; None starts a local one.
+    """Worker threads/processes for the runner."""
     cluster_address: str | None = None
-    # Cron schedule for `draftsmith deploy`; None registers without a schedule.
+    """Address of an existing Dask scheduler or Ray cluster; None starts a local one."""
     schedule_cron: str | None = None
-    # Stages to rerun even when their inputs and config are unchanged.
+    """Cron schedule for `draftsmith deploy`; None registers without a schedule."""
     force: list[str] = Field(default_factory=list)
+    """Stages to rerun even when their inputs and config are unchanged."""
 
 
 class RunConfig(StrictModel):
     """Everything one pipeline run needs."""
 
-    # Outputs go to <runs_dir>/<name>/.
     name: str = "demo"
+    """Outputs go to <runs_dir>/<name>/."""
     runs_dir: Path = Path("runs")
+    """Runs live under runs_dir/name/."""
     target: TargetConfig = Field(default_factory=TargetConfig)
+    """The target model: tokenizer, chat format, weights."""
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    """Stage 1: buy the target's replies over the chat API."""
     reconstruct: ReconstructConfig = Field(default_factory=ReconstructConfig)
+    """Stage 2: rebuild the exact token ids of every reply."""
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    """Stage 3: how far the rebuilt ids can be trusted, per source."""
     merge: MergeConfig = Field(default_factory=MergeConfig)
+    """Stage 4: dedup, mix and split into train/eval shards."""
     extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    """Stage 5: the target's hidden states for every merged row."""
     train: TrainConfig = Field(default_factory=TrainConfig)
+    """Stage 6: train the EAGLE-3 draft."""
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    """Stage 7: acceptance length of the draft on held-out prompts."""
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
+    """Task runner, schedule and reruns."""
 
     @property
     def run_dir(self) -> Path:

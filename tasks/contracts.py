@@ -281,8 +281,7 @@ def read_table(name: str, path: Path, columns: list[str] | None = None) -> pa.Ta
             raise ContractError(f"table {name!r}: no column {col!r}")
         if not table.schema.field(col).type.equals(want.field(col).type):
             raise ContractError(
-                f"table {name!r}: column {col!r} has type {table.schema.field(col).type}, "
-                f"expected {want.field(col).type}"
+                f"table {name!r}: column {col!r} has type {table.schema.field(col).type}, expected {want.field(col).type}"
             )
     return table
 

@@ -30,9 +30,7 @@ def build_task_runner(cfg: OrchestrationConfig):
             return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.max_workers, "threads_per_worker": 1})
         # With the temporary local API, worker processes would each start their own and their task
         # runs would be lost to the UI: keep the local cluster's workers in this process.
-        return DaskTaskRunner(
-            cluster_kwargs={"n_workers": 1, "threads_per_worker": cfg.max_workers, "processes": False}
-        )
+        return DaskTaskRunner(cluster_kwargs={"n_workers": 1, "threads_per_worker": cfg.max_workers, "processes": False})
     try:
         from prefect_ray import RayTaskRunner
     except ImportError as e:

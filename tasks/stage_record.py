@@ -21,6 +21,7 @@ from tasks.stages import stage_dir
 
 RECORD_NAME = "_stage.json"
 
+
 def output_digest(directory: Path) -> str:
     """Digest of every output file's relative path, size and modification time (not the record)."""
     digest = hashlib.sha256()

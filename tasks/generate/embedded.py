@@ -53,7 +53,11 @@ def embedded_server(config: RunConfig, workdir: Path) -> Iterator[str]:
     api = config.generate.api
     with open(workdir / "server.log", "ab") as log_file:
         process = subprocess.Popen(
-            cmd, cwd=PROJECT_ROOT, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cmd,
+            cwd=PROJECT_ROOT,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
             preexec_fn=die_with_parent,
         )
     try:

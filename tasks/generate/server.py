@@ -95,9 +95,7 @@ class TargetServer:
             if s in text:  # as OpenAI: the stop string itself is not returned
                 text = text[: text.index(s)]
         reply = self.chat_format.parse(text, prompt)
-        calls = [
-            {**c.as_openai(), "id": c.id or f"call_{i}"} for i, c in enumerate(reply.tool_calls)
-        ]
+        calls = [{**c.as_openai(), "id": c.id or f"call_{i}"} for i, c in enumerate(reply.tool_calls)]
         finish = "tool_calls" if calls and result.finish_reason == "stop" else result.finish_reason
         message = {"role": "assistant", "content": reply.content, "reasoning": reply.reasoning}
         if calls:

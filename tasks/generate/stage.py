@@ -51,7 +51,6 @@ class MissingApiKeyError(RuntimeError):
     """No API key where the config says to find one (the message names where, never a value)."""
 
 
-
 def resolve_api_key(api: ApiConfig) -> str | None:
     """The key from `api.api_key_env`, else the Prefect Secret block; None when neither is configured."""
     if api.api_key_env and os.environ.get(api.api_key_env):

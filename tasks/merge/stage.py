@@ -46,7 +46,6 @@ class MergeBudgetError(MemoryError):
     """The configured memory budget cannot hold the merge's per-row index."""
 
 
-
 def run_merge(config: RunConfig) -> dict:
     """Merge, dedup, mix and split the reconstructed sources into `run_dir/merged/`; a no-op when
     the inputs and config are unchanged. Returns a small summary (paths and counts)."""

@@ -45,7 +45,8 @@ def _check_decode(
     got_prompt = tokens.decode(prompt)
     if got_prompt != rendered.text[: rendered.gen_start]:
         raise RowError(
-            "ids_text_mismatch", "prompt_token_ids",
+            "ids_text_mismatch",
+            "prompt_token_ids",
             f"row {turn.id!r}: prompt ids decode to text that differs from the rendered prompt "
             f"at char {len(commonprefix([got_prompt, rendered.text[: rendered.gen_start]]))}",
         )
@@ -54,16 +55,17 @@ def _check_decode(
     if got != want:
         at = len(commonprefix([got, want]))
         raise RowError(
-            "ids_text_mismatch", field,
-            f"row {turn.id!r}: {field} decode to {got[max(0, at - 20): at + 20]!r} where the stored reply "
-            f"renders {want[max(0, at - 20): at + 20]!r} (char {at})",
+            "ids_text_mismatch",
+            field,
+            f"row {turn.id!r}: {field} decode to {got[max(0, at - 20) : at + 20]!r} where the stored reply "
+            f"renders {want[max(0, at - 20) : at + 20]!r} (char {at})",
         )
 
 
 def _assemble(prompt: list[int], completion: list[int], method: str) -> Rebuilt:
     ids = np.asarray(prompt + completion, dtype=np.int32)
     mask = np.zeros(len(ids), dtype=np.int8)
-    mask[len(prompt):] = 1
+    mask[len(prompt) :] = 1
     return Rebuilt(ids, mask, method, True)
 
 
@@ -84,7 +86,8 @@ def from_logprobs(
         token_id = vocab.lookup(entry.get("token"), entry.get("bytes"))
         if token_id is None:
             raise RowError(
-                "logprob_unmapped", "logprob_tokens",
+                "logprob_unmapped",
+                "logprob_tokens",
                 f"row {turn.id!r}: logprob_tokens[{i}] {entry.get('token')!r} has no id in the vocabulary",
             )
         completion.append(token_id)

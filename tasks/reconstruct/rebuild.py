@@ -87,7 +87,8 @@ def rows_table(turns: list[ChatTurn], rendered: list[RenderedTurn], rebuilt: lis
     trained = np.fromiter((int(r.loss_mask.sum()) for r in rebuilt), dtype=np.int32, count=len(rebuilt))
     last = np.fromiter(
         (int(r.input_ids[np.flatnonzero(r.loss_mask)[-1]]) if r.loss_mask.any() else -1 for r in rebuilt),
-        dtype=np.int32, count=len(rebuilt),
+        dtype=np.int32,
+        count=len(rebuilt),
     )
     table = pa.table(
         {

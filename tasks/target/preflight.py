@@ -27,9 +27,7 @@ PROBE_MESSAGES = [
         "role": "assistant",
         "content": "A",
         "reasoning_content": "R",
-        "tool_calls": [
-            {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
-        ],
+        "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}],
     },
     {"role": "tool", "tool_call_id": "call_0", "content": "T"},
     {"role": "assistant", "content": "B", "reasoning_content": "R"},
@@ -162,9 +160,7 @@ def check_token(tokenizer, text: str, role: str, pinned: int | None) -> TokenChe
         size = len(tokens.table)
         real = tokens.decode([pinned]) if 0 <= pinned < size else None
         shown = f"decodes to {real!r}" if real is not None else f"is outside the vocabulary (size {size})"
-        check.problems.append(
-            f"token {text!r}: the config pins id {pinned}, which {shown}; the right id is {token_id}"
-        )
+        check.problems.append(f"token {text!r}: the config pins id {pinned}, which {shown}; the right id is {token_id}")
     return check
 
 
@@ -252,7 +248,9 @@ def preflight_task(cfg: TargetConfig) -> dict:
         raise PreflightError("preflight failed:\n" + "\n".join(f"  - {p}" for p in report.problems))
     logger.info("preflight ok: %d tokens, end of turn %r = %s", len(report.checks), report.end_of_turn, report.end_of_turn_id)
     return {
-        "end_of_turn": report.end_of_turn, "end_of_turn_id": report.end_of_turn_id, "tokens": len(report.checks),
+        "end_of_turn": report.end_of_turn,
+        "end_of_turn_id": report.end_of_turn_id,
+        "tokens": len(report.checks),
         "chat_format": report.chat_format,
     }
 

@@ -37,9 +37,17 @@ def sample_generations(
         input_ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])  # (B, P) left-padded
         attention = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
         out = model.generate(
-            input_ids=input_ids, attention_mask=attention, do_sample=temperature > 0, temperature=temperature,
-            top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, eos_token_id=end_of_turn.id, pad_token_id=pad,
-            output_logits=True, return_dict_in_generate=True,
+            input_ids=input_ids,
+            attention_mask=attention,
+            do_sample=temperature > 0,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=end_of_turn.id,
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
         )
         logprobs = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)  # (B, N, V)
         for i, prompt_ids in enumerate(encoded):
@@ -54,22 +62,24 @@ def sample_generations(
                 text = raw.decode("utf-8", errors="replace")
                 entries.append({"token": text, "bytes": raw, "logprob": float(logprobs[i, k, token_id])})
             body = completion[:-1] if finish == "stop" else completion
-            rows.append({
-                "id": f"{source}-{b + i:06d}",
-                "source": source,
-                "messages": json.dumps(batch[i], ensure_ascii=False),
-                "tools": None,
-                "reasoning": None,
-                "content": tokens.decode(body),
-                "tool_calls": None,
-                "finish_reason": finish,
-                "truncated": finish == "length",
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(completion),
-                "model": "local",
-                "provider": "local",
-                "prompt_token_ids": prompt_ids,
-                "token_ids": completion,
-                "logprob_tokens": entries,
-            })
+            rows.append(
+                {
+                    "id": f"{source}-{b + i:06d}",
+                    "source": source,
+                    "messages": json.dumps(batch[i], ensure_ascii=False),
+                    "tools": None,
+                    "reasoning": None,
+                    "content": tokens.decode(body),
+                    "tool_calls": None,
+                    "finish_reason": finish,
+                    "truncated": finish == "length",
+                    "prompt_tokens": len(prompt_ids),
+                    "completion_tokens": len(completion),
+                    "model": "local",
+                    "provider": "local",
+                    "prompt_token_ids": prompt_ids,
+                    "token_ids": completion,
+                    "logprob_tokens": entries,
+                }
+            )
     return rows

@@ -44,7 +44,9 @@ def test_kimi_rows_go_through_reconstruct_validate_and_merge(prefect_harness, tm
     tokenizer, target = family_tokenizers["kimi-k2.5"]
     # The stand-in rows are emitted piece by piece, so ~40% of them are bpe_only: the gate must allow that.
     config = RunConfig(
-        runs_dir=tmp_path, name="kimi", target=target.model_copy(update={"chat_format": "auto"}),
+        runs_dir=tmp_path,
+        name="kimi",
+        target=target.model_copy(update={"chat_format": "auto"}),
         validation=ValidationConfig(max_simulate_bpe_only_rate=0.6),
     )
     journal = provider_journal(tokenizer, target, with_ids_every=3)
@@ -87,8 +89,16 @@ def test_the_kimi_config_passes_preflight_on_the_standin_directory(family_tokeni
 def test_a_pinned_id_that_decodes_to_something_else_names_the_right_id(family_tokenizers):
     _, target = family_tokenizers["kimi-k2.5"]
     result = CliRunner().invoke(
-        app, ["preflight", "--config", CONFIG, "--set", f"target.path={target.path}",
-              "--set", 'target.special_tokens={"<|im_end|>": 1000}'],
+        app,
+        [
+            "preflight",
+            "--config",
+            CONFIG,
+            "--set",
+            f"target.path={target.path}",
+            "--set",
+            'target.special_tokens={"<|im_end|>": 1000}',
+        ],
     )
     assert result.exit_code == 1
     assert "pins id 1000, which decodes to" in result.output and "the right id is 163586" in result.output

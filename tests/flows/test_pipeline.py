@@ -42,8 +42,15 @@ def test_parent_subflows_tasks_and_artifacts_are_recorded(tiny_run, prefect_serv
     stage_tasks = [t for t in tasks if t["flow_run_id"] in {r["id"] for r in subflows.values()}]
     task_names = [t["name"] for t in stage_tasks]
     # Shard tasks are named by what they cover; the others get Prefect's short suffix.
-    for prefix in ("generate-", "reconstruct-rows-0-", "validate-part-00000", "extract-shard-00000", "train-draft-",
-                   "export-draft-", "evaluate-draft-"):
+    for prefix in (
+        "generate-",
+        "reconstruct-rows-0-",
+        "validate-part-00000",
+        "extract-shard-00000",
+        "train-draft-",
+        "export-draft-",
+        "evaluate-draft-",
+    ):
         assert any(name.startswith(prefix) for name in task_names), (prefix, task_names)
     retried = [t for t in stage_tasks if t["run_count"] > 1]
     assert [t["name"].rsplit("-", 1)[0] for t in retried] == ["generate"]

@@ -20,8 +20,15 @@ def bpe_row(tokenizer) -> dict:
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     completion = encode("A:") + encode("\n\n") + encode("1") + encode("<|im_end|>")
-    return {"id": "bpe-0", "source": "bpe", "messages": json.dumps(messages), "content": "A:\n\n1",
-            "finish_reason": "stop", "prompt_token_ids": encode(prompt), "token_ids": completion}
+    return {
+        "id": "bpe-0",
+        "source": "bpe",
+        "messages": json.dumps(messages),
+        "content": "A:\n\n1",
+        "finish_reason": "stop",
+        "prompt_token_ids": encode(prompt),
+        "token_ids": completion,
+    }
 
 
 def artifact_keys() -> set[str]:
@@ -38,8 +45,9 @@ def artifact_keys() -> set[str]:
 def test_flows_rebuild_and_validate_server_ids_exactly(prefect_harness, tmp_path, demo_tokenizer, sampled_generations):
     # The "bpe" source is one row built to be bpe_only in simulate: its rate is 100% by design.
     config = RunConfig(runs_dir=tmp_path, name="flow", validation=ValidationConfig(max_simulate_bpe_only_rate=1.0))
-    write_table("generations", [*sampled_generations, bpe_row(demo_tokenizer)],
-                config.run_dir / "generations" / "part-00000.parquet")
+    write_table(
+        "generations", [*sampled_generations, bpe_row(demo_tokenizer)], config.run_dir / "generations" / "part-00000.parquet"
+    )
     rebuilt = reconstruct_flow(config)
     assert rebuilt["rows"] == len(sampled_generations) + 1 and rebuilt["quarantined"] == 0
     assert rebuilt["methods"] == {"server_ids": len(sampled_generations) + 1}
@@ -52,7 +60,8 @@ def test_flows_rebuild_and_validate_server_ids_exactly(prefect_harness, tmp_path
 
 def test_validate_flow_gate_stops_on_bpe_only_rate(prefect_harness, tmp_path, demo_tokenizer):
     config = RunConfig(
-        runs_dir=tmp_path, name="strict",
+        runs_dir=tmp_path,
+        name="strict",
         reconstruct=ReconstructConfig(methods=["reencode"]),
         validation=ValidationConfig(max_bpe_only_rate=0.0, simulate=False),
     )

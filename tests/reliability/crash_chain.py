@@ -32,8 +32,17 @@ KEY_ENV = "DRAFTSMITH_RELIABILITY_KEY"
 SENTINEL = "sk-draftsmith-SENTINEL-7f3a9c0e5d"
 ROWS, JOURNAL_BATCH = 6, 2
 # Values that measure time, not content: they differ between any two runs and are left out of the comparison.
-TIMING_KEYS = {"latency_s", "latency_p50_s", "latency_p95_s", "elapsed_s", "forward_seconds", "greedy_s", "speculative_s",
-               "tokens_per_s", "seconds"}
+TIMING_KEYS = {
+    "latency_s",
+    "latency_p50_s",
+    "latency_p95_s",
+    "elapsed_s",
+    "forward_seconds",
+    "greedy_s",
+    "speculative_s",
+    "tokens_per_s",
+    "seconds",
+}
 # How many rows this run asked for versus found in the journal: differs by design after a resume.
 RUN_KEYS = {"requested_this_run", "from_journal"}
 # Digests over the absolute paths of the stage's inputs, which differ between the two run directories.
@@ -117,7 +126,10 @@ def _run_chain(root: Path, api_url: str, clean_server: CannedServer, chain_serve
     with open(clean_log, "wb") as out:  # the uninterrupted run, alongside the killed ones
         clean = subprocess.Popen(
             [sys.executable, "-m", "flows.cli", *cli_args(clean_config, root / "clean")],
-            cwd=ROOT, env=os.environ | env, stdout=out, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=os.environ | env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     runs = CrashRuns(root / "clean" / "tiny", root / "resumed" / "tiny", (str(root / "clean"), str(root / "resumed")), 0, 0, {})
     runs.logs.append(clean_log)
@@ -128,9 +140,7 @@ def _run_chain(root: Path, api_url: str, clean_server: CannedServer, chain_serve
         log.write_text(result.stdout + result.stderr)
         runs.logs.append(log)
         lines = journal.read_bytes().count(b"\n") if journal.exists() else 0
-        runs.killed.append(
-            KilledRun(stage, result.returncode, finished_stages(runs.resumed_dir), lines)
-        )
+        runs.killed.append(KilledRun(stage, result.returncode, finished_stages(runs.resumed_dir), lines))
     final = run_cli(cli_args(config, root / "resumed"), api_url=api_url, env=env)
     (root / "final.log").write_text(final.stdout + final.stderr)
     runs.logs.append(root / "final.log")

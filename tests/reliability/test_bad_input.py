@@ -10,7 +10,6 @@ ADD = {"name": "add", "parameters": {"type": "object", "properties": {"a": {"typ
 TOOL = {"type": "function", "function": ADD}
 
 
-
 def with_tool(row_id: str, function: dict) -> bytes:
     return json.dumps(GOOD | {"id": row_id, "tools": [{"type": "function", "function": function}]}).encode()
 
@@ -20,26 +19,50 @@ BAD_LINES = {
     "malformed JSONL line": (b'{"id": "m1", "messages": [', "malformed_json", None),
     "missing field": (json.dumps({"id": "m2", "prompt": "hi"}).encode(), "bad_row", "messages"),
     "wrong type": (json.dumps({"id": "m3", "messages": "hello"}).encode(), "bad_row", "messages"),
-    "wrong content type": (json.dumps({"id": "m4", "messages": [{"role": "user", "content": 42}]}).encode(), "bad_row",
-                           "messages[0].content"),
+    "wrong content type": (
+        json.dumps({"id": "m4", "messages": [{"role": "user", "content": 42}]}).encode(),
+        "bad_row",
+        "messages[0].content",
+    ),
     "empty messages": (json.dumps({"id": "m5", "messages": []}).encode(), "bad_row", "messages"),
-    "empty message content": (json.dumps({"id": "m6", "messages": [{"role": "user", "content": "  "}]}).encode(), "bad_row",
-                              "messages[0].content"),
-    "unknown role": (json.dumps({"id": "m7", "messages": [{"role": "robot", "content": "x"}]}).encode(), "bad_row",
-                     "messages[0].role"),
+    "empty message content": (
+        json.dumps({"id": "m6", "messages": [{"role": "user", "content": "  "}]}).encode(),
+        "bad_row",
+        "messages[0].content",
+    ),
+    "unknown role": (
+        json.dumps({"id": "m7", "messages": [{"role": "robot", "content": "x"}]}).encode(),
+        "bad_row",
+        "messages[0].role",
+    ),
     "non-UTF-8 bytes": (b'{"id": "m8", "messages": [{"role": "user", "content": "caf\xe9"}]}', "not_utf8", None),
-    "only an assistant turn": (json.dumps({"id": "m9", "messages": [{"role": "assistant", "content": "hi"}]}).encode(),
-                               "bad_row", "messages"),
-    "huge row past the length limit": (json.dumps({"id": "m10", "messages": [{"role": "user", "content": "x" * 5000}]}).encode(),
-                                       "prompt_too_long", "messages"),
-    "tool schema type is not a JSON type": (with_tool("m11", {"name": "f", "parameters": {"type": "dict"}}), "bad_row",
-                                            "tools[0].function.parameters.type"),
-    "tool properties not an object": (with_tool("m12", {"name": "f", "parameters": {"type": "object", "properties": ["a"]}}),
-                                      "bad_row", "tools[0].function.parameters.properties"),
+    "only an assistant turn": (
+        json.dumps({"id": "m9", "messages": [{"role": "assistant", "content": "hi"}]}).encode(),
+        "bad_row",
+        "messages",
+    ),
+    "huge row past the length limit": (
+        json.dumps({"id": "m10", "messages": [{"role": "user", "content": "x" * 5000}]}).encode(),
+        "prompt_too_long",
+        "messages",
+    ),
+    "tool schema type is not a JSON type": (
+        with_tool("m11", {"name": "f", "parameters": {"type": "dict"}}),
+        "bad_row",
+        "tools[0].function.parameters.type",
+    ),
+    "tool properties not an object": (
+        with_tool("m12", {"name": "f", "parameters": {"type": "object", "properties": ["a"]}}),
+        "bad_row",
+        "tools[0].function.parameters.properties",
+    ),
     "tool without a name": (with_tool("m13", {}), "bad_row", "tools[0].function.name"),
     "row is not an object": (b'["user", "hi"]', "bad_row", "<row>"),
-    "duplicate id, different content": (json.dumps({"id": "g0", "messages": [{"role": "user", "content": "other"}]}).encode(),
-                                        "duplicate_id", "id"),
+    "duplicate id, different content": (
+        json.dumps({"id": "g0", "messages": [{"role": "user", "content": "other"}]}).encode(),
+        "duplicate_id",
+        "id",
+    ),
 }
 
 
@@ -60,11 +83,13 @@ def test_every_bad_row_is_named_and_the_rest_goes_on(tmp_path, reliability_repor
     after = tmp_path / "after.jsonl"
     after.write_bytes(good_row(99) + b"\n")
 
-    loaded = load_sources([
-        SourceConfig(name="mixed", format="openai", path=str(path), max_prompt_chars=2000),
-        SourceConfig(name="empty", format="openai", path=str(empty)),
-        SourceConfig(name="after", format="openai", path=str(after)),
-    ])
+    loaded = load_sources(
+        [
+            SourceConfig(name="mixed", format="openai", path=str(path), max_prompt_chars=2000),
+            SourceConfig(name="empty", format="openai", path=str(empty)),
+            SourceConfig(name="after", format="openai", path=str(after)),
+        ]
+    )
 
     refused = {q["location"]: q for q in loaded.quarantine}
     for n, (kind, (_, reason, field)) in enumerate(BAD_LINES.items()):
@@ -73,9 +98,11 @@ def test_every_bad_row_is_named_and_the_rest_goes_on(tmp_path, reliability_repor
         ok = record is not None and record["reason"] == reason and record["field"] == field and record["detail"]
         reliability_report.record("bad input", kind, 1, int(bool(ok)))
         assert ok, (kind, location, record)
-    empty_ok = [q for q in loaded.quarantine if q["source"] == "empty"] == [
-        q for q in loaded.quarantine if q["reason"] == "empty_file" and q["location"] == "empty.jsonl"
-    ] != []
+    empty_ok = (
+        [q for q in loaded.quarantine if q["source"] == "empty"]
+        == [q for q in loaded.quarantine if q["reason"] == "empty_file" and q["location"] == "empty.jsonl"]
+        != []
+    )
     reliability_report.record("bad input", "empty file", 1, int(empty_ok))
     assert empty_ok, loaded.quarantine
 

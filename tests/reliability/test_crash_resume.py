@@ -61,8 +61,13 @@ def test_no_row_duplicated_and_no_journaled_reply_requested_again(crash_runs, re
     # The server saw each prompt once over all eight runs; the resumed generate asked only for the rest.
     asked_twice = {prompt: n for prompt, n in crash_runs.requests.items() if n != 1}
     journaled_before = crash_runs.killed[0].journal_lines
-    reliability_report.record("crash and resume", "journaled replies not asked again", journaled_before,
-                              journaled_before - len(asked_twice), rows_lost=lost)
+    reliability_report.record(
+        "crash and resume",
+        "journaled replies not asked again",
+        journaled_before,
+        journaled_before - len(asked_twice),
+        rows_lost=lost,
+    )
     assert asked_twice == {} and sum(crash_runs.requests.values()) == ROWS
     assert summary["from_journal"] == journaled_before and summary["requested_this_run"] == ROWS - journaled_before
     assert len(journal.done) == ROWS and journal.duplicate_lines == 0 and journal.torn_lines == 0
@@ -72,6 +77,11 @@ def test_no_row_duplicated_and_no_journaled_reply_requested_again(crash_runs, re
 def test_no_secret_in_any_file_log_or_artifact(crash_runs, prefect_server, prefect_server_home, reliability_report):
     files = [crash_runs.clean_dir.parent, crash_runs.resumed_dir.parent, prefect_server_home, *crash_runs.logs]
     found = scan_files(files, SENTINEL) + scan_prefect_api(prefect_server, SENTINEL)
-    reliability_report.record("secrets", "sentinel key through the whole pipeline (files, logs, Prefect DB, artifacts)",
-                              1, int(not found), secrets_found=len(found))
+    reliability_report.record(
+        "secrets",
+        "sentinel key through the whole pipeline (files, logs, Prefect DB, artifacts)",
+        1,
+        int(not found),
+        secrets_found=len(found),
+    )
     assert found == []

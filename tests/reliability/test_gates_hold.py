@@ -63,18 +63,39 @@ def refused(stage, check, config, reliability_report, kind, expectation, column)
 def test_duplicated_id_in_reconstructed(run_copy, reliability_report):
     (part,) = (run_copy.run_dir / "reconstructed").glob("part-*.parquet")
     rewrite(part, duplicate_first_id)
-    refused("reconstruct", lambda: enforce("reconstructed", gate_frame(run_copy), parameters=gate_parameters(run_copy)),
-            run_copy, reliability_report, "duplicated id in reconstructed/", "expect_column_values_to_be_unique", "id")
+    refused(
+        "reconstruct",
+        lambda: enforce("reconstructed", gate_frame(run_copy), parameters=gate_parameters(run_copy)),
+        run_copy,
+        reliability_report,
+        "duplicated id in reconstructed/",
+        "expect_column_values_to_be_unique",
+        "id",
+    )
 
 
 def test_zeroed_loss_mask_in_merged(run_copy, reliability_report):
     rewrite(run_copy.run_dir / "merged" / "train" / "part-00000.parquet", zero_first_mask)
-    refused("merge", lambda: gate_merged(run_copy.run_dir / "merged", run_copy.merge.share_tolerance),
-            run_copy, reliability_report, "loss_mask zeroed in merged/", "expect_column_values_to_be_between", "mask_sum")
+    refused(
+        "merge",
+        lambda: gate_merged(run_copy.run_dir / "merged", run_copy.merge.share_tolerance),
+        run_copy,
+        reliability_report,
+        "loss_mask zeroed in merged/",
+        "expect_column_values_to_be_between",
+        "mask_sum",
+    )
 
 
 def test_nan_in_a_hidden_state_shard(run_copy, reliability_report):
     (shard,) = (run_copy.run_dir / "hidden_states").glob("shard-*.safetensors")
     nan_in_first_token(shard)
-    refused("extract", lambda: gate_extract(run_copy), run_copy, reliability_report, "NaN in a hidden-state shard",
-            "expect_column_values_to_be_between", "nonfinite_tokens")
+    refused(
+        "extract",
+        lambda: gate_extract(run_copy),
+        run_copy,
+        reliability_report,
+        "NaN in a hidden-state shard",
+        "expect_column_values_to_be_between",
+        "nonfinite_tokens",
+    )

@@ -12,8 +12,7 @@ from tasks.generate.stage import run_generate
 
 MAX_RETRIES = 3
 # Each fault kind fails a row's first attempt; the retry gets the canned reply.
-RECOVERABLE = ["429", "429ra", "408", "500", "502", "503", "timeout", "reset", "malformed", "truncated", "empty",
-               "error200"]
+RECOVERABLE = ["429", "429ra", "408", "500", "502", "503", "timeout", "reset", "malformed", "truncated", "empty", "error200"]
 EXHAUSTED = ["500", "503", "502", "500"]  # one more failure than the retries allow
 PERMANENT = ["400"]
 ROWS = 60
@@ -125,8 +124,9 @@ def test_out_of_credits_stops_cleanly_and_the_rerun_asks_only_for_the_rest(tmp_p
     assert sorted(ids) == sorted(f"h:q{i}" for i in range(rows))
     asked_twice = [i for i in range(rows) if i != broke_at and server.requests[f"question {i}"] != 1]
     assert asked_twice == []
-    reliability_report.record("hostile API", "402 (stop, top up, rerun)", 1, int(len(ids) == rows and not asked_twice),
-                              rows_lost=rows - len(set(ids)))
+    reliability_report.record(
+        "hostile API", "402 (stop, top up, rerun)", 1, int(len(ids) == rows and not asked_twice), rows_lost=rows - len(set(ids))
+    )
 
 
 def test_a_generation_broken_off_mid_stream_is_retried_not_kept(tmp_path, server, monkeypatch, reliability_report):

@@ -9,13 +9,13 @@ from tasks.config import TargetConfig
 from tasks.target.loader import load_tokenizer, model_dir
 from tasks.target.preflight import run_preflight
 
-EVIL = '''
+EVIL = """
 import pathlib, os
 pathlib.Path(os.environ["DRAFTSMITH_SENTINEL"]).write_text("remote code ran")
 from transformers import PreTrainedTokenizerFast
 class EvilTokenizer(PreTrainedTokenizerFast):
     pass
-'''
+"""
 
 
 @pytest.fixture

@@ -21,8 +21,9 @@ def test_sentinel_key_is_sent_but_never_written(tmp_path, prefect_server, prefec
     try:
         prompts = tmp_path / "prompts.jsonl"
         texts = ["hello", "what is 2 + 2?", "fault=echo401 a server that echoes the request", "name a colour"]
-        prompts.write_text("".join(json.dumps({"id": f"s{i}", "messages": [{"role": "user", "content": t}]}) + "\n"
-                                   for i, t in enumerate(texts)))
+        prompts.write_text(
+            "".join(json.dumps({"id": f"s{i}", "messages": [{"role": "user", "content": t}]}) + "\n" for i, t in enumerate(texts))
+        )
         config = RunConfig(
             name="secrets",
             runs_dir=tmp_path / "runs",
@@ -35,8 +36,12 @@ def test_sentinel_key_is_sent_but_never_written(tmp_path, prefect_server, prefec
         )
         config_file = tmp_path / "secrets.yaml"
         config_file.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-        result = run_cli(["run", "--config", str(config_file), "--stage", "generate"], api_url=prefect_server,
-                         env={KEY_ENV: SENTINEL}, timeout=300)
+        result = run_cli(
+            ["run", "--config", str(config_file), "--stage", "generate"],
+            api_url=prefect_server,
+            env={KEY_ENV: SENTINEL},
+            timeout=300,
+        )
     finally:
         server.stop()
     (tmp_path / "cli.log").write_text(result.stdout + result.stderr)
@@ -47,9 +52,19 @@ def test_sentinel_key_is_sent_but_never_written(tmp_path, prefect_server, prefec
     quarantine = read_table("quarantine", config.run_dir / "generations" / "quarantine.parquet").to_pylist()
     echoed = next(q for q in quarantine if q["id"] == "s:s2")
     redacted = "authorization: bearer ***" in echoed["detail"].lower()
-    reliability_report.record("secrets", "sentinel key via api_key_env (files, logs, Prefect DB, artifacts)", 1,
-                              int(not found), secrets_found=len(found))
-    reliability_report.record("secrets", "server echoes the Authorization header in an error", 1,
-                              int(redacted and SENTINEL not in echoed["detail"]), secrets_found=int(SENTINEL in echoed["detail"]))
+    reliability_report.record(
+        "secrets",
+        "sentinel key via api_key_env (files, logs, Prefect DB, artifacts)",
+        1,
+        int(not found),
+        secrets_found=len(found),
+    )
+    reliability_report.record(
+        "secrets",
+        "server echoes the Authorization header in an error",
+        1,
+        int(redacted and SENTINEL not in echoed["detail"]),
+        secrets_found=int(SENTINEL in echoed["detail"]),
+    )
     assert found == []
     assert echoed["reason"] == "http_401" and redacted, echoed["detail"]

@@ -11,8 +11,14 @@ from tasks.contracts import StorageError, atomic_path, read_table, write_table
 def rows(n: int, width: int = 200):
     rng = random.Random(0)  # random ids: incompressible, like real token ids
     return [
-        {"id": f"r{i}", "source": "s", "split": "train", "input_ids": [rng.randrange(49152) for _ in range(width)],
-         "loss_mask": [1] * width, "num_tokens": width}
+        {
+            "id": f"r{i}",
+            "source": "s",
+            "split": "train",
+            "input_ids": [rng.randrange(49152) for _ in range(width)],
+            "loss_mask": [1] * width,
+            "num_tokens": width,
+        }
         for i in range(n)
     ]
 

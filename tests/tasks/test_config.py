@@ -54,3 +54,32 @@ def test_config_is_a_prefect_parameter_schema():
     assert "config" in schema.properties
     assert "RunConfig" in schema.definitions
     assert schema.definitions["RunConfig"]["additionalProperties"] is False
+
+
+def test_every_config_field_describes_itself():
+    """The Prefect parameter form and `--help` show each field's description: none may be missing."""
+    import pydantic
+
+    from tasks.config import MergeSourceConfig, RunConfig, SourceConfig
+
+    missing = []
+
+    def walk(model: type[pydantic.BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            if not field.description:
+                missing.append(prefix + name)
+            if isinstance(field.annotation, type) and issubclass(field.annotation, pydantic.BaseModel):
+                walk(field.annotation, f"{prefix}{name}.")
+
+    for model, prefix in [(RunConfig, ""), (SourceConfig, "generate.sources[]."), (MergeSourceConfig, "merge.sources[].")]:
+        walk(model, prefix)
+    assert missing == []
+
+
+def test_chat_format_names_match_the_formats():
+    from typing import get_args
+
+    from tasks.config import ChatFormatName
+    from tasks.target.formats import FORMAT_NAMES
+
+    assert set(get_args(ChatFormatName)) == {"auto", *FORMAT_NAMES}

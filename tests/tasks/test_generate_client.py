@@ -206,11 +206,19 @@ def test_provider_options_are_passed_where_the_server_reads_them():
     [
         ({"content": "A", "reasoning": "R"}, ("R", "text")),
         ({"content": "A", "reasoning_content": "R"}, ("R", "text")),
-        ({"content": "A", "reasoning": "R", "reasoning_details": [{"type": "reasoning.text", "text": "R1"},
-                                                                   {"type": "reasoning.text", "text": "R2"}]}, ("R1R2", "text")),
+        (
+            {
+                "content": "A",
+                "reasoning": "R",
+                "reasoning_details": [{"type": "reasoning.text", "text": "R1"}, {"type": "reasoning.text", "text": "R2"}],
+            },
+            ("R1R2", "text"),
+        ),
         # a summary is the provider's paraphrase, not the model's text: kept as its kind, no text
-        ({"content": "A", "reasoning": "S", "reasoning_details": [{"type": "reasoning.summary", "summary": "S"}]},
-         (None, "summary")),
+        (
+            {"content": "A", "reasoning": "S", "reasoning_details": [{"type": "reasoning.summary", "summary": "S"}]},
+            (None, "summary"),
+        ),
         ({"content": "A", "reasoning_details": [{"type": "reasoning.encrypted", "data": "x9"}]}, (None, "encrypted")),
         ({"content": "A"}, (None, None)),
     ],

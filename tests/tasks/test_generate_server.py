@@ -221,8 +221,11 @@ def test_server_replies_in_kimi_shape_with_a_tiktoken_tokenizer(family_tokenizer
 
     tokenizer, target = family_tokenizers["kimi-k2.5"]
     server = TargetServer(RunConfig(target=target), SimpleNamespace(stop_ids={163586}), tokenizer)
-    body = {"messages": [{"role": "user", "content": "Weather in Zürich?"}], "chat_template_kwargs": {"thinking": True},
-            "return_token_ids": True}
+    body = {
+        "messages": [{"role": "user", "content": "Weather in Zürich?"}],
+        "chat_template_kwargs": {"thinking": True},
+        "return_token_ids": True,
+    }
     prompt, prompt_ids = server.render(body)
     assert prompt.endswith("<|im_assistant|>assistant<|im_middle|><think>") and prompt_ids[-1] == 163606
     turn = Reply("Use the tool.", "", (ToolCall("get_weather", '{"city": "Zürich"}'),))

@@ -28,9 +28,7 @@ def test_wrong_pin_names_token_pinned_id_its_decode_and_right_id(demo_target, de
     cfg = demo_target.model_copy(update={"special_tokens": {"<|im_end|>": 3}})
     report = run_preflight(cfg, demo_tokenizer)
     assert not report.ok
-    assert report.problems == [
-        "token '<|im_end|>': the config pins id 3, which decodes to '<repo_name>'; the right id is 2"
-    ]
+    assert report.problems == ["token '<|im_end|>': the config pins id 3, which decodes to '<repo_name>'; the right id is 2"]
 
 
 def test_pin_outside_vocab(demo_target, demo_tokenizer):

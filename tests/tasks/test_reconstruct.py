@@ -87,8 +87,13 @@ def test_text_that_does_not_match_the_ids_is_quarantined(demo_tokenizer, sampled
 
 
 def row(row_id: str, content: str = "Fine.", **extra) -> dict:
-    base = {"id": row_id, "source": "hand", "messages": json.dumps([{"role": "user", "content": "Hi"}]),
-            "content": content, "finish_reason": "stop"}
+    base = {
+        "id": row_id,
+        "source": "hand",
+        "messages": json.dumps([{"role": "user", "content": "Hi"}]),
+        "content": content,
+        "finish_reason": "stop",
+    }
     return {**base, **extra}
 
 
@@ -125,8 +130,11 @@ def test_truncated_reply_trains_up_to_its_last_generated_token(demo_tokenizer):
 def test_stage_writes_shards_and_quarantine_and_resumes(tmp_path, demo_tokenizer, sampled_generations):
     config = RunConfig(runs_dir=tmp_path, name="r", reconstruct=ReconstructConfig(shard_rows=4))
     rows = [*sampled_generations, row("bad", messages="nope")]
-    write_table("generations", [{**r, "source": r.get("source") or "hand"} for r in rows],
-                config.run_dir / "generations" / "part-00000.parquet")
+    write_table(
+        "generations",
+        [{**r, "source": r.get("source") or "hand"} for r in rows],
+        config.run_dir / "generations" / "part-00000.parquet",
+    )
     first = run_reconstruct(config)
     assert (first["rows"], first["quarantined"], first["shards"]) == (len(sampled_generations), 1, 2)
     assert first["methods"] == {"server_ids": len(sampled_generations)}
@@ -142,7 +150,8 @@ def test_stage_writes_shards_and_quarantine_and_resumes(tmp_path, demo_tokenizer
 def test_chunked_threaded_rebuild_matches_one_batch(demo_tokenizer, sampled_generations):
     rows = [*sampled_generations, row("bad", messages="[")]
     one = rebuild_rows(demo_tokenizer, rows, TargetConfig(), ReconstructConfig(methods=["reencode"], pipeline_rows=1000))
-    many = rebuild_rows(demo_tokenizer, rows, TargetConfig(),
-                        ReconstructConfig(methods=["reencode"], pipeline_rows=2, encode_threads=3))
+    many = rebuild_rows(
+        demo_tokenizer, rows, TargetConfig(), ReconstructConfig(methods=["reencode"], pipeline_rows=2, encode_threads=3)
+    )
     assert many.table.equals(one.table)
     assert many.quarantine == one.quarantine

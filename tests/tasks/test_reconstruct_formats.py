@@ -21,10 +21,22 @@ from tests.support.families import FAMILIES
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden"
 REGEN = os.environ.get("DRAFTSMITH_REGEN_GOLDEN") == "1"
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-CLOCK = {"type": "function", "function": {"name": "get_time", "description": "Local time in a zone",
-         "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Local time in a zone",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}},
+    },
+}
 # Non-canonical spacing, a newline and non-ASCII: the argument string must survive byte for byte.
 ODD_ARGUMENTS = '{"city":  "Zürich",\n "unit":"celsius" ,"days":[1,2]}'
 ONE_CALL = ("llama-3", "gpt-oss")  # one tool call per turn, nothing beside it
@@ -57,18 +69,28 @@ def case_rows() -> list[dict]:
         "plain": (question, None, None, "The capital of France is Paris.", None, "stop"),
         "reasoning": (question, None, "Recall the capital.", "Paris.", None, "stop"),
         "tool_call_bytes": (weather_q, [WEATHER], None, "", [call(0, "get_weather", ODD_ARGUMENTS)], "tool_calls"),
-        "several_tool_calls": (weather_q, [WEATHER, CLOCK], None, "Checking both.",
-                               [call(0, "get_weather", '{"city": "Zürich"}'), call(1, "get_time", '{"zone": "Europe/Paris"}')],
-                               "tool_calls"),
+        "several_tool_calls": (
+            weather_q,
+            [WEATHER, CLOCK],
+            None,
+            "Checking both.",
+            [call(0, "get_weather", '{"city": "Zürich"}'), call(1, "get_time", '{"zone": "Europe/Paris"}')],
+            "tool_calls",
+        ),
         "multi_turn": (history, None, None, "Yes, about two million people.", None, "stop"),
         "tool_history": (tool_history, [WEATHER], None, "Yes, 21 °C is mild.", None, "stop"),
         "cut": (question, None, None, "The capital of Fra", None, "length"),
     }
     return [
         {
-            "id": name, "source": "golden", "messages": json.dumps(messages, ensure_ascii=False),
-            "tools": json.dumps(tools) if tools else None, "reasoning": reasoning, "content": content,
-            "tool_calls": json.dumps(calls, ensure_ascii=False) if calls else None, "finish_reason": finish,
+            "id": name,
+            "source": "golden",
+            "messages": json.dumps(messages, ensure_ascii=False),
+            "tools": json.dumps(tools) if tools else None,
+            "reasoning": reasoning,
+            "content": content,
+            "tool_calls": json.dumps(calls, ensure_ascii=False) if calls else None,
+            "finish_reason": finish,
         }
         for name, (messages, tools, reasoning, content, calls, finish) in cases.items()
     ]

@@ -83,8 +83,13 @@ def test_simulate_flags_a_chat_format_the_model_does_not_write(demo_tokenizer, s
 
 
 def test_rates_are_over_verified_rows():
-    rows = pd.DataFrame({"source": ["a"] * 4 + ["b"], "mode": ["check"] * 5,
-                         "klass": ["exact", "bpe_only", "semantic", "unverified", "unverified"]})
+    rows = pd.DataFrame(
+        {
+            "source": ["a"] * 4 + ["b"],
+            "mode": ["check"] * 5,
+            "klass": ["exact", "bpe_only", "semantic", "unverified", "unverified"],
+        }
+    )
     rates = rates_frame(rows).set_index("source")
     assert rates.loc["a", "verified"] == 3 and rates.loc["a", "semantic_rate"] == pytest.approx(1 / 3)
     assert rates.loc["b", "bpe_only_rate"] == 0.0 and rates.loc["b", "unverified"] == 1
@@ -94,8 +99,13 @@ def test_rates_are_over_verified_rows():
 def validated(tmp_path_factory, sampled_generations):
     """Reconstruct + validate a run on disk: server-id rows, plus hand rows without ground truth."""
     config = RunConfig(runs_dir=tmp_path_factory.mktemp("runs"), name="v", validation=ValidationConfig(examples=2))
-    plain = {"id": "plain-0", "source": "api", "messages": json.dumps([{"role": "user", "content": "Hi"}]),
-             "content": "Hello!", "finish_reason": "stop"}
+    plain = {
+        "id": "plain-0",
+        "source": "api",
+        "messages": json.dumps([{"role": "user", "content": "Hi"}]),
+        "content": "Hello!",
+        "finish_reason": "stop",
+    }
     write_table("generations", [*sampled_generations, plain], config.run_dir / "generations" / "part-00000.parquet")
     run_reconstruct(config)
     return config, run_validate(config)
