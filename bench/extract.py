@@ -24,10 +24,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tasks.config import ExtractConfig, RunConfig, TargetConfig  # noqa: E402
-from tasks.contracts import write_table  # noqa: E402
 from tasks.extract.batching import order_rows, pack_batches  # noqa: E402
 from tasks.extract.stage import run_extract  # noqa: E402
 from tasks.extract.transformers_backend import TransformersBackend, resolve_dtype  # noqa: E402
+from tasks.storage import write_table  # noqa: E402
 from tasks.target.assets import KNOWN_FILES, resolve_path  # noqa: E402
 from tasks.target.loader import load_model, load_tokenizer  # noqa: E402
 

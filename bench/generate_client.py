@@ -117,7 +117,7 @@ def main() -> None:
         worker(args.worker, args.base_url, args.concurrency[0], n)
         return
     code = (
-        f"import sys; sys.path.insert(0, {str(ROOT)!r}); from tasks.generate.faults import serve_forever; "
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); from tests.support.faults import serve_forever; "
         f"serve_forever(0, {args.latency})"
     )
     server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

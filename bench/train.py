@@ -22,13 +22,13 @@ import torch  # noqa: E402
 
 import tasks  # noqa: E402,F401  (offline defaults)
 from tasks.config import RunConfig, load_config  # noqa: E402
-from tasks.contracts import write_table  # noqa: E402
 from tasks.draft.data import OfflineSource  # noqa: E402
 from tasks.draft.export import export_draft, load_export  # noqa: E402
 from tasks.draft.stage import train_stage  # noqa: E402
 from tasks.draft.train import build_draft, pieces_from_model, prepare_vocab  # noqa: E402
 from tasks.evaluate.speculative import acceptance_by_position, greedy_decode, speculative_decode  # noqa: E402
 from tasks.evaluate.stage import held_out_prompts, stop_ids  # noqa: E402
+from tasks.storage import write_table  # noqa: E402
 from tasks.target.assets import resolve_path  # noqa: E402
 from tasks.target.loader import load_model, load_tokenizer  # noqa: E402
 

@@ -170,7 +170,7 @@ def serve_target(
     set_: list[str] = SetOption,
 ) -> None:
     """Serve the configured target on 127.0.0.1 as an OpenAI-compatible chat endpoint."""
-    from tasks.generate.server import serve
+    from tasks.target.serve.server import serve
 
     cfg = read_config(config, set_)
     api = cfg.generate.api

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from tasks import __version__
 from tasks.config import RunConfig
-from tasks.contracts import write_bytes_atomic
 from tasks.stages import stage as stage_info
 from tasks.stages import stage_dir
+from tasks.storage import write_bytes_atomic
 
 RECORD_NAME = "_stage.json"
 

@@ -78,7 +78,7 @@ def sampled_generations(demo_tokenizer, demo_model):
     import torch
 
     from tasks.target.chat import resolve_end_of_turn
-    from tasks.validate.sample import sample_generations
+    from tests.support.sample import sample_generations
 
     torch.set_num_threads(1)
     prompts = [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from tasks.contracts import atomic_path
+from tasks.storage import atomic_path
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:

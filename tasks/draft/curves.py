@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.contracts import atomic_path
+from tasks.storage import atomic_path
 
 
 def plot_curves(records: list[dict], path: Path) -> Path:

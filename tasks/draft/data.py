@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from tasks.contracts import read_table
+from tasks.storage import read_table
 
 
 @dataclass

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from tasks.contracts import atomic_path
 from tasks.draft.model import DraftConfig, Eagle3Draft
 from tasks.extract.backend import engine_layer_ids
+from tasks.storage import atomic_path
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 

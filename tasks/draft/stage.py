@@ -11,7 +11,6 @@ import pandas as pd
 from prefect import task
 
 from tasks.config import RunConfig
-from tasks.contracts import atomic_path
 from tasks.draft.checkpoint import latest_checkpoint
 from tasks.draft.curves import plot_curves
 from tasks.draft.export import export_draft
@@ -20,6 +19,7 @@ from tasks.draft.train import TargetPieces, read_metrics, train_draft
 from tasks.gates import enforce
 from tasks.image_artifact import publish_image
 from tasks.stages import stage_dir
+from tasks.storage import atomic_path
 
 
 def launch_torchrun(config: RunConfig) -> dict:

@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 
 from tasks.config import RunConfig, TargetConfig
-from tasks.contracts import atomic_path
 from tasks.draft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from tasks.draft.data import OfflineSource, OnlineSource, collate, plan_batches, rank_slice, read_meta
 from tasks.draft.model import DraftConfig, Eagle3Draft
@@ -30,6 +29,7 @@ from tasks.draft.vocab import build_draft_vocab, count_trained_tokens, load_voca
 from tasks.extract.backend import default_aux_layer_ids
 from tasks.failpoints import failpoint
 from tasks.stages import stage_dir
+from tasks.storage import atomic_path
 
 
 @dataclass

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from tasks.contracts import atomic_path
+from tasks.storage import atomic_path
 
 
 @dataclass

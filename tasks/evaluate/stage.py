@@ -10,13 +10,14 @@ import pandas as pd
 from prefect import task
 
 from tasks.config import RunConfig
-from tasks.contracts import atomic_path, quarantine_row, read_table, write_table
+from tasks.contracts import quarantine_row
 from tasks.draft.export import load_export, read_export_config
 from tasks.evaluate.speculative import acceptance_by_position, greedy_decode, speculative_decode
 from tasks.failpoints import failpoint
 from tasks.gates import enforce
 from tasks.image_artifact import publish_image
 from tasks.stages import stage_dir
+from tasks.storage import atomic_path, read_table, write_table
 
 
 def held_out_prompts(config: RunConfig) -> tuple[list[dict], list[dict]]:

@@ -10,11 +10,11 @@ import torch
 from prefect import task
 
 from tasks.config import RunConfig
-from tasks.contracts import read_table
 from tasks.extract.plan import read_merged
 from tasks.extract.shards import read_shard
 from tasks.gates import GateResult, enforce
 from tasks.stages import stage_dir
+from tasks.storage import read_table
 
 SUITE = "hidden_states"
 STATES = ("norm_aux_0", "norm_aux_1", "norm_aux_2", "norm_final")

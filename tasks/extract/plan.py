@@ -10,12 +10,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.config import RunConfig
-from tasks.contracts import quarantine_row, read_table, write_table
+from tasks.contracts import quarantine_row
 from tasks.extract.backend import TargetInfo, check_aux_layer_ids, default_aux_layer_ids
 from tasks.extract.batching import cut_shards, order_rows
 from tasks.extract.shards import remove_stale, shard_name
 from tasks.extract.transformers_backend import resolve_dtype
 from tasks.stages import stage_dir
+from tasks.storage import read_table, write_table
 from tasks.target.loader import model_dir, pick_device
 
 STAGE = "extract"

@@ -16,8 +16,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tasks.contracts import atomic_path, write_bytes_atomic
 from tasks.extract.backend import RowStates
+from tasks.storage import atomic_path, write_bytes_atomic
 from tasks.target.assets import sha256_of
 
 SHARD_RE = re.compile(r"^shard-\d{5}\.safetensors$")

@@ -10,7 +10,6 @@ from pathlib import Path
 from prefect import task
 
 from tasks.config import RunConfig
-from tasks.contracts import read_table, write_bytes_atomic, write_table
 from tasks.extract.backend import (
     FINAL_CONVENTION,
     LAYER_CONVENTION,
@@ -23,6 +22,7 @@ from tasks.extract.shards import finished_marker, write_marker, write_shard
 from tasks.extract.transformers_backend import load_transformers_backend, resolve_dtype
 from tasks.failpoints import failpoint
 from tasks.stages import stage_dir
+from tasks.storage import read_table, write_bytes_atomic, write_table
 from tasks.target.loader import pick_device
 
 _backends: dict[str, HiddenStateBackend] = {}

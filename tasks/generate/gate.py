@@ -6,9 +6,9 @@ import pandas as pd
 from prefect import task
 
 from tasks.config import RunConfig
-from tasks.contracts import read_table
 from tasks.gates import enforce
 from tasks.stages import stage_dir
+from tasks.storage import read_table
 
 NO_ROWS = "(no rows)"  # the frame's one row when nothing came back: the error rate is still checked
 

@@ -12,16 +12,17 @@ from pathlib import Path
 from prefect import task
 
 from tasks.config import ApiConfig, RunConfig
-from tasks.contracts import quarantine_row, write_table
+from tasks.contracts import quarantine_row
 from tasks.failpoints import failpoint
 from tasks.generate.client import ChatClient
-from tasks.generate.embedded import embedded_server
 from tasks.generate.journal import JournalState, JournalWriter, read_journal
 from tasks.generate.progress import GenerationProgress
 from tasks.generate.runner import RunTally, run_requests
 from tasks.generate.sources import STAGE, load_sources
 from tasks.generate.summary import publish_summary, summarize, write_summary
 from tasks.stages import stage_dir
+from tasks.storage import write_table
+from tasks.target.serve.embedded import embedded_server
 
 log = logging.getLogger(__name__)
 ROWS_PER_PART = 50_000

@@ -6,7 +6,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from tasks.contracts import write_bytes_atomic
+from tasks.storage import write_bytes_atomic
 
 
 def percentile(values: list[float], q: float) -> float | None:

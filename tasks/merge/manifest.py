@@ -13,7 +13,7 @@ from pathlib import Path
 
 import tasks
 from tasks.config import MergeConfig, MergeSourceConfig
-from tasks.contracts import write_bytes_atomic
+from tasks.storage import write_bytes_atomic
 
 MANIFEST = "manifest.json"
 QUARANTINE = "quarantine.parquet"

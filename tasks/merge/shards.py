@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tasks.contracts import write_table
+from tasks.storage import write_table
 
 
 class ShardWriter:

@@ -12,11 +12,12 @@ import pyarrow.parquet as pq
 from prefect import task
 
 from tasks.config import RunConfig
-from tasks.contracts import read_table, schema, write_table
+from tasks.contracts import schema
 from tasks.failpoints import failpoint
 from tasks.gates import enforce
 from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.stages import stage_dir
+from tasks.storage import read_table, write_table
 from tasks.target.chat import resolve_end_of_turn
 from tasks.target.loader import load_tokenizer
 

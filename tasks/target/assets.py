@@ -18,7 +18,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.contracts import atomic_path
+from tasks.storage import atomic_path
 
 # sha256 of each source archive used, as the package index publishes it.
 SDISTS = {

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from tasks.config import TargetConfig
-from tasks.contracts import atomic_path
+from tasks.storage import atomic_path
 from tasks.target.assets import (
     DEMO_MODEL,
     AssetError,

@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 from prefect import task
 
 from tasks.config import RunConfig
-from tasks.contracts import atomic_path, read_table, write_table
 from tasks.failpoints import failpoint
 from tasks.gates import enforce
 from tasks.reconstruct.methods import truth_ids
 from tasks.stages import stage_dir
+from tasks.storage import atomic_path, read_table, write_table
 from tasks.target.chat import resolve_end_of_turn
 from tasks.target.loader import load_tokenizer
 from tasks.validate.classify import EXACT, UNVERIFIED, Verdict, classify_ids, through_turn_end

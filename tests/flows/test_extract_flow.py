@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tasks.config import ExtractConfig, RunConfig
-from tasks.contracts import read_table
+from tasks.storage import read_table
 from tests.tasks.extract_inputs import write_merged
 
 torch.set_num_threads(1)

@@ -7,7 +7,7 @@ import pytest
 from flows.generate import generate_flow
 from tasks.config import ApiConfig, GenerateConfig, RequestConfig, RunConfig, SourceConfig
 from tasks.gates import GateError
-from tasks.generate.faults import CannedServer
+from tests.support.faults import CannedServer
 
 
 @pytest.fixture(scope="module")

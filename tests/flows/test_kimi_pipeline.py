@@ -16,8 +16,8 @@ from flows.merge import merge_flow
 from flows.reconstruct import reconstruct_flow
 from flows.validate import validate_flow
 from tasks.config import RunConfig, ValidationConfig
-from tasks.contracts import read_table, write_table
 from tasks.gates import GateError
+from tasks.storage import read_table, write_table
 from tasks.target.chat import chat_format_of, resolve_end_of_turn
 from tasks.validate.simulate import played_row
 from tests.support.families import FAMILIES

@@ -10,8 +10,8 @@ import pytest
 from flows.reconstruct import reconstruct_flow
 from flows.validate import validate_flow
 from tasks.config import ReconstructConfig, RunConfig, ValidationConfig
-from tasks.contracts import read_table, write_table
 from tasks.gates import GateError
+from tasks.storage import read_table, write_table
 
 
 def bpe_row(tokenizer) -> dict:

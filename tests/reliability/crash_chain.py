@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import yaml
 
 from tasks.failpoints import ENV as FAILPOINTS_ENV
-from tasks.generate.faults import CannedServer, canned_reply
 from tests.pipeline_runs import ROOT, TINY, run_cli
+from tests.support.faults import CannedServer, canned_reply
 
 # (stage, failpoint placed after that stage's first durable unit of work)
 CHAIN = [

@@ -5,8 +5,8 @@ import signal
 
 import pytest
 
-from tasks.contracts import read_table
 from tasks.generate.journal import read_journal
+from tasks.storage import read_table
 from tests.reliability.crash_chain import CHAIN, JOURNAL_BATCH, ROWS, SENTINEL, numeric_mismatches, output_digests
 from tests.reliability.secret_scan import scan_files, scan_prefect_api
 

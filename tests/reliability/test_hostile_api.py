@@ -5,10 +5,10 @@ import json
 import pytest
 
 from tasks.config import ApiConfig, GenerateConfig, RequestConfig, RunConfig, SourceConfig
-from tasks.contracts import read_table
-from tasks.generate.faults import CannedServer
 from tasks.generate.journal import read_journal
 from tasks.generate.stage import run_generate
+from tasks.storage import read_table
+from tests.support.faults import CannedServer
 
 MAX_RETRIES = 3
 # Each fault kind fails a row's first attempt; the retry gets the canned reply.

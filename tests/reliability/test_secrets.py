@@ -6,10 +6,10 @@ import pytest
 import yaml
 
 from tasks.config import ApiConfig, GenerateConfig, RequestConfig, RunConfig, SourceConfig
-from tasks.contracts import read_table
-from tasks.generate.faults import CannedServer
+from tasks.storage import read_table
 from tests.pipeline_runs import run_cli
 from tests.reliability.secret_scan import scan_files, scan_prefect_api
+from tests.support.faults import CannedServer
 
 pytestmark = pytest.mark.slow
 KEY_ENV = "DRAFTSMITH_SECRET_TEST_KEY"

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from tasks.contracts import StorageError, atomic_path, read_table, write_table
+from tasks.storage import StorageError, atomic_path, read_table, write_table
 
 
 def rows(n: int, width: int = 200):

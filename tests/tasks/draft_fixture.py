@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from tasks.contracts import write_table
+from tasks.storage import write_table
 
 AUX_LAYER_IDS = [2, 15, 27]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.contracts import write_table
+from tasks.storage import write_table
 
 TOPICS = [
     "the water cycle",

@@ -1,7 +1,8 @@
 import pyarrow as pa
 import pytest
 
-from tasks.contracts import ContractError, atomic_path, read_table, to_table, write_table
+from tasks.contracts import ContractError, to_table
+from tasks.storage import atomic_path, read_table, write_table
 
 
 def row(**overrides):
@@ -64,7 +65,8 @@ def test_a_generations_file_from_before_the_later_columns_still_reads(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tasks.contracts import LATER_COLUMNS, read_table, schema
+    from tasks.contracts import LATER_COLUMNS, schema
+    from tasks.storage import read_table
 
     old = schema("generations")
     for column in LATER_COLUMNS["generations"]:

@@ -15,13 +15,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tasks.config import ExtractConfig, RunConfig
-from tasks.contracts import read_table, write_table
 from tasks.extract.checks import gate_extract
 from tasks.extract.shards import marker_path, read_rows
 from tasks.extract.stage import run_extract
 from tasks.extract.transformers_backend import TransformersBackend
 from tasks.gates import GateError
 from tasks.prefect_env import PROJECT_ROOT
+from tasks.storage import read_table, write_table
 from tests.tasks.extract_inputs import chat_row, write_merged
 
 torch.set_num_threads(1)

@@ -8,11 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.config import ApiConfig, GenerateConfig, RequestConfig, RunConfig, SourceConfig
-from tasks.contracts import read_table
 from tasks.generate.client import parse_retry_after, redact
-from tasks.generate.faults import CannedServer
 from tasks.generate.journal import JournalWriter, read_journal
 from tasks.generate.stage import run_generate
+from tasks.storage import read_table
+from tests.support.faults import CannedServer
 
 FAULTS = ["429", "429ra,429ra", "500", "502", "503", "timeout", "reset", "malformed", "truncated", "empty", "500,timeout,reset"]
 

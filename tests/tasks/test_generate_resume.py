@@ -10,11 +10,11 @@ import time
 import yaml
 
 from tasks.config import ApiConfig, GenerateConfig, RequestConfig, RunConfig, SourceConfig
-from tasks.contracts import read_table
-from tasks.generate.faults import CannedServer
 from tasks.generate.journal import read_journal
 from tasks.generate.stage import run_generate
 from tasks.prefect_env import PROJECT_ROOT
+from tasks.storage import read_table
+from tests.support.faults import CannedServer
 
 ROWS = 60
 

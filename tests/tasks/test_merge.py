@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.config import MergeConfig, MergeSourceConfig, OrchestrationConfig, RunConfig
-from tasks.contracts import read_table, write_table
 from tasks.gates import GateError
 from tasks.merge.gate import gate_merged
 from tasks.merge.sources import MergeInputError
 from tasks.merge.stage import MergeBudgetError, run_merge
+from tasks.storage import read_table, write_table
 
 TOPICS = {
     "chat": "Tell me about {}.",

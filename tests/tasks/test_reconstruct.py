@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tasks.config import ReconstructConfig, RunConfig, TargetConfig
-from tasks.contracts import read_table, write_table
 from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.reconstruct.stage import plan_shards, run_reconstruct
+from tasks.storage import read_table, write_table
 from tasks.target.chat import resolve_end_of_turn
 from tasks.target.tokens import TokenResolutionError
 

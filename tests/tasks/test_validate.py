@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from tasks.config import ReconstructConfig, RunConfig, TargetConfig, ValidationConfig
-from tasks.contracts import read_table, write_table
 from tasks.gates import GateError, enforce
 from tasks.reconstruct.stage import run_reconstruct
+from tasks.storage import read_table, write_table
 from tasks.target.chat import resolve_end_of_turn
 from tasks.target.formats import CHATML
 from tasks.validate.classify import classify_ids, first_divergence, through_turn_end

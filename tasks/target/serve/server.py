@@ -17,8 +17,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from tasks.config import RunConfig
-from tasks.generate.engine import BatchEngine, GenRequest, GenResult
 from tasks.target.chat import chat_format_of, template_messages
+from tasks.target.serve.engine import BatchEngine, GenRequest, GenResult
 from tasks.target.tokens import codec
 
 log = logging.getLogger(__name__)
