@@ -17,7 +17,7 @@ from tasks import __version__
 from tasks.config import RunConfig
 from tasks.stages import stage as stage_info
 from tasks.stages import stage_dir
-from tasks.storage import write_bytes_atomic
+from tasks.storage import read_json, write_bytes_atomic
 
 RECORD_NAME = "_stage.json"
 
@@ -69,13 +69,7 @@ def stage_key(config: RunConfig, stage: str) -> str:
 
 
 def load_record(config: RunConfig, stage: str) -> dict | None:
-    path = stage_dir(config, stage) / RECORD_NAME
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
+    return read_json(stage_dir(config, stage) / RECORD_NAME)
 
 
 def current_summary(config: RunConfig, stage: str) -> dict | None:

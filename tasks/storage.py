@@ -5,6 +5,7 @@ A reader never sees a half-written file; a full or read-only disk raises `Storag
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -19,6 +20,25 @@ from tasks.contracts import LATER_COLUMNS, ContractError, conform, schema, to_ta
 
 class StorageError(OSError):
     """A write that could not complete (read-only or full disk); no partial file is left behind."""
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path) -> dict | None:
+    """A small JSON record (marker, stage record), or None when it is missing or unreadable (torn)."""
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 @contextmanager
@@ -38,11 +58,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp_path, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(path.parent)
     except OSError as e:
         if isinstance(e, StorageError):
             raise

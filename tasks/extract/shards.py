@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tasks.extract.backend import RowStates
-from tasks.storage import atomic_path, write_bytes_atomic
+from tasks.storage import atomic_path, read_json, write_bytes_atomic
 from tasks.target.assets import sha256_of
 
 SHARD_RE = re.compile(r"^shard-\d{5}\.safetensors$")
@@ -62,13 +62,7 @@ def write_marker(directory: Path, name: str, record: dict) -> None:
 
 
 def read_marker(directory: Path, name: str) -> dict | None:
-    path = marker_path(directory, name)
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
+    return read_json(marker_path(directory, name))
 
 
 def finished_marker(directory: Path, name: str, fingerprint: str) -> dict | None:

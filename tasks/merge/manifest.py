@@ -13,7 +13,7 @@ from pathlib import Path
 
 import tasks
 from tasks.config import MergeConfig, MergeSourceConfig
-from tasks.storage import write_bytes_atomic
+from tasks.storage import fsync_dir, write_bytes_atomic
 
 MANIFEST = "manifest.json"
 QUARANTINE = "quarantine.parquet"
@@ -86,10 +86,6 @@ def publish_directory(staging: Path, target: Path) -> None:
         retired = target.with_name(f"{staging_prefix(target)}old-{uuid.uuid4().hex[:8]}")
         os.rename(target, retired)
     os.rename(staging, target)
-    fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(target.parent)
     if retired is not None:
         shutil.rmtree(retired, ignore_errors=True)

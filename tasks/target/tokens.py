@@ -131,13 +131,16 @@ class TokenCodec:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False) == text
 
 
+def _cached(tokenizer, kind: type):
+    """One `kind` per tokenizer object, kept on it (building one walks the whole vocabulary)."""
+    attribute = f"_draftsmith_{kind.__name__}"
+    if getattr(tokenizer, attribute, None) is None:
+        setattr(tokenizer, attribute, kind(tokenizer))
+    return getattr(tokenizer, attribute)
+
+
 def codec(tokenizer) -> TokenCodec:
-    """TokenCodec cached on the tokenizer object (building it walks the whole vocabulary once)."""
-    cached = getattr(tokenizer, "_draftsmith_codec", None)
-    if cached is None:
-        cached = TokenCodec(tokenizer)
-        tokenizer._draftsmith_codec = cached
-    return cached
+    return _cached(tokenizer, TokenCodec)
 
 
 class ByteVocab:
@@ -163,11 +166,7 @@ class ByteVocab:
 
 
 def byte_vocab(tokenizer) -> ByteVocab:
-    cached = getattr(tokenizer, "_draftsmith_byte_vocab", None)
-    if cached is None:
-        cached = ByteVocab(tokenizer)
-        tokenizer._draftsmith_byte_vocab = cached
-    return cached
+    return _cached(tokenizer, ByteVocab)
 
 
 def verify_single_token(tokenizer, text: str) -> int:

@@ -54,6 +54,15 @@ def json_arguments(call: ToolCall, row_id: str) -> dict:
     return value
 
 
+def json_or_text(text: str):
+    """A parameter's text back to a JSON value: JSON where it parses to a non-string, else the text itself."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return text if isinstance(value, str) else value
+
+
 def scalar_text(value) -> str:
     """A parameter value as XML-style formats write it: strings as they are, anything else as JSON."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

@@ -10,7 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from tasks.target.formats.base import ChatFormat, Reply, ToolCall, json_arguments, scalar_text
+from tasks.target.formats.base import ChatFormat, Reply, ToolCall, json_arguments, json_or_text, scalar_text
 
 CALL = re.compile(r"\n<tool_call>(?P<name>[^\n<]*)\n(?P<body>.*?)</tool_call>", re.S)
 ARGUMENT = re.compile(r"<arg_key>(?P<key>.*?)</arg_key>\n<arg_value>(?P<value>.*?)</arg_value>\n", re.S)
@@ -40,20 +40,12 @@ class GlmFormat(ChatFormat):
             return text.removeprefix("\n"), ()
         calls = []
         for m in CALL.finditer(text[start:]):
-            arguments = {a["key"]: _value(a["value"]) for a in ARGUMENT.finditer(m["body"])}
+            arguments = {a["key"]: json_or_text(a["value"]) for a in ARGUMENT.finditer(m["body"])}
             calls.append(ToolCall(m["name"], json.dumps(arguments, ensure_ascii=False)))
         return text[:start].removeprefix("\n"), tuple(calls)
 
     def end_text(self, reply: Reply) -> str:
         return "<|observation|>" if reply.tool_calls else self.end_of_turn
-
-
-def _value(text: str):
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    return text if isinstance(value, str) else value
 
 
 GLM_46 = GlmFormat(

@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from tasks.target.formats.base import ChatFormat, ToolCall, json_arguments, scalar_text
+from tasks.target.formats.base import ChatFormat, ToolCall, json_arguments, json_or_text, scalar_text
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 HERMES_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)
@@ -42,6 +42,8 @@ def hermes_arguments(body: str) -> tuple[str, str] | None:
 class HermesFormat(ChatFormat):
     """Content, then each call on its own line as Hermes JSON."""
 
+    content_gap: str = "\n"  # between the content and the first call
+
     def call_text(self, call: ToolCall, row_id: str) -> str:
         name = json.dumps(call.name, ensure_ascii=False)
         json_arguments(call, row_id)  # the text goes in verbatim, but it must be JSON
@@ -51,19 +53,24 @@ class HermesFormat(ChatFormat):
         if not calls:
             return ""
         body = "\n".join(self.call_text(c, row_id) for c in calls)
-        return f"\n{body}" if content else body
+        return f"{self.content_gap}{body}" if content else body
+
+    def parse_calls(self, text: str) -> tuple[ToolCall, ...] | None:
+        """The calls in `text` (from the first call marker on), or None when one is not well-formed."""
+        calls = []
+        for body in HERMES_CALL.findall(text):
+            parsed = hermes_arguments(body)
+            if parsed is None:
+                return None
+            calls.append(ToolCall(*parsed))
+        return tuple(calls)
 
     def split_tools(self, text: str):
         first = text.find(CALL_OPEN)
-        if first < 0:
+        calls = self.parse_calls(text[first:]) if first >= 0 else None
+        if not calls:  # none, or not well-formed: an engine leaves the text in the content
             return text, ()
-        calls = []
-        for body in HERMES_CALL.findall(text[first:]):
-            parsed = hermes_arguments(body)
-            if parsed is None:
-                return text, ()  # not well-formed: an engine leaves it in the content
-            calls.append(ToolCall(*parsed))
-        return text[:first].removesuffix("\n"), tuple(calls)
+        return text[:first].removesuffix(self.content_gap), calls
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,8 @@ class QwenFormat(HermesFormat):
 class QwenCoderFormat(QwenFormat):
     """Qwen3-Coder: XML calls, `<function=NAME>` and one `<parameter=KEY>` block per argument."""
 
+    content_gap: str = "\n\n"
+
     def call_text(self, call: ToolCall, row_id: str) -> str:
         arguments = json_arguments(call, row_id)
         parameters = "".join(f"<parameter={k}>\n{scalar_text(v)}\n</parameter>\n" for k, v in arguments.items())
@@ -95,30 +104,12 @@ class QwenCoderFormat(QwenFormat):
     def layout_content(self, content: str) -> str:
         return content.strip()
 
-    def tool_text(self, calls, content, history, row_id) -> str:
-        if not calls:
-            return ""
-        body = "\n".join(self.call_text(c, row_id) for c in calls)
-        return f"\n\n{body}" if content else body
-
-    def split_tools(self, text: str):
-        first = text.find(CALL_OPEN)
-        if first < 0:
-            return text, ()
+    def parse_calls(self, text: str) -> tuple[ToolCall, ...] | None:
         calls = []
-        for name, body in CODER_CALL.findall(text[first:]):
-            arguments = {k: _xml_value(v) for k, v in CODER_PARAMETER.findall(body)}
+        for name, body in CODER_CALL.findall(text):
+            arguments = {k: json_or_text(v) for k, v in CODER_PARAMETER.findall(body)}
             calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False)))
-        return text[:first].removesuffix("\n\n"), tuple(calls)
-
-
-def _xml_value(text: str):
-    """A parameter's text back to a JSON value: JSON where it parses to a non-string, else the string."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    return text if isinstance(value, str) else value
+        return tuple(calls)
 
 
 CHATML = HermesFormat(
