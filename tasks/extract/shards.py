@@ -1,14 +1,12 @@
 """Hidden-state shards on disk: safetensors `aux` (T, 3*H) and `final` (T, H) in bf16, plus completion markers.
 
 Rows are concatenated along the token axis with no padding; the index says where each row starts.
-A shard counts as done only when its completion marker exists, names the same input fingerprint
-and the shard file has the recorded size: anything else (a crash between the two writes, a changed
-input) is redone. Both files are written atomically, the shard first.
+A shard counts as done by tasks/completions.py's rule: its marker names the same input fingerprint
+and the shard file has the recorded size. Both files are written atomically, the shard first.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -16,20 +14,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from tasks.completions import remove_stale_markers
 from tasks.extract.backend import RowStates
-from tasks.storage import atomic_path, read_json, write_bytes_atomic
+from tasks.storage import atomic_path
 from tasks.target.assets import sha256_of
 
 SHARD_RE = re.compile(r"^shard-\d{5}\.safetensors$")
-COMPLETIONS = "completions"
 
 
 def shard_name(number: int) -> str:
     return f"shard-{number:05d}.safetensors"
-
-
-def marker_path(directory: Path, name: str) -> Path:
-    return Path(directory) / COMPLETIONS / (name.removesuffix(".safetensors") + ".json")
 
 
 def write_shard(path: Path, rows: list[RowStates]) -> dict:
@@ -57,25 +51,6 @@ def read_shard(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         return shard.get_tensor("aux"), shard.get_tensor("final")
 
 
-def write_marker(directory: Path, name: str, record: dict) -> None:
-    write_bytes_atomic(marker_path(directory, name), json.dumps(record, indent=1, sort_keys=True).encode())
-
-
-def read_marker(directory: Path, name: str) -> dict | None:
-    return read_json(marker_path(directory, name))
-
-
-def finished_marker(directory: Path, name: str, fingerprint: str) -> dict | None:
-    """The shard's marker when the shard is complete for this exact input, else None."""
-    marker = read_marker(directory, name)
-    shard = Path(directory) / name
-    if marker is None or marker.get("fingerprint") != fingerprint or not shard.exists():
-        return None
-    if shard.stat().st_size != marker.get("bytes"):
-        return None
-    return marker
-
-
 def remove_stale(directory: Path, keep: set[str]) -> list[str]:
     """Delete shards/markers not in `keep` (left by a larger earlier input) and temp files of killed writes."""
     directory = Path(directory)
@@ -84,9 +59,7 @@ def remove_stale(directory: Path, keep: set[str]) -> list[str]:
         if SHARD_RE.match(path.name) and path.name not in keep:
             path.unlink()
             removed.append(path.name)
-    for path in sorted((directory / COMPLETIONS).glob("shard-*.json")):
-        if path.stem + ".safetensors" not in keep:
-            path.unlink()
-    for path in sorted(directory.glob(".shard-*.tmp")) + sorted((directory / COMPLETIONS).glob(".*.tmp")):
+    remove_stale_markers(directory, keep)
+    for path in sorted(directory.glob(".shard-*.tmp")):
         path.unlink(missing_ok=True)
     return removed

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from prefect import task
 
+from tasks.completions import finished, mark_done
 from tasks.config import RunConfig
 from tasks.extract.backend import (
     FINAL_CONVENTION,
@@ -18,7 +19,7 @@ from tasks.extract.backend import (
 )
 from tasks.extract.batching import pack_batches, padding_tokens
 from tasks.extract.plan import ShardPlan, aux_layer_ids, plan_extract, read_target_info
-from tasks.extract.shards import finished_marker, write_marker, write_shard
+from tasks.extract.shards import write_shard
 from tasks.extract.transformers_backend import load_transformers_backend, resolve_dtype
 from tasks.failpoints import failpoint
 from tasks.stages import stage_dir
@@ -43,7 +44,7 @@ def get_backend(config: RunConfig) -> HiddenStateBackend:
 def extract_shard(config: RunConfig, plan: ShardPlan, backend: HiddenStateBackend | None = None) -> dict:
     """Write one shard unless its marker says it is already done for this input; returns the marker."""
     out = stage_dir(config, "extract")
-    done = finished_marker(out, plan.name, plan.fingerprint)
+    done = finished(out, plan.name, plan.fingerprint)
     if done is not None:
         return done | {"skipped": True}
     backend = backend or get_backend(config)
@@ -61,14 +62,13 @@ def extract_shard(config: RunConfig, plan: ShardPlan, backend: HiddenStateBacken
         offsets.append(offsets[-1] + n)
     marker = {
         "shard": plan.name,
-        "fingerprint": plan.fingerprint,
         "rows": [[r["id"], r["split"], o, n] for r, o, n in zip(table, offsets, lengths, strict=True)],
         "batches": len(batches),
         "padding_tokens": padding_tokens(lengths, batches),
         "forward_seconds": round(seconds, 4),
         **written,
     }
-    write_marker(out, plan.name, marker)
+    marker = mark_done(out, plan.name, plan.fingerprint, [out / plan.name], marker)
     failpoint("extract.shard")
     return marker | {"skipped": False}
 

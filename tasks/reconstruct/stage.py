@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from prefect import task
 
+from tasks.completions import file_fingerprint, fingerprint, finished, mark_done, remove_stale_markers
 from tasks.config import RunConfig
 from tasks.contracts import schema
 from tasks.failpoints import failpoint
@@ -21,7 +22,6 @@ from tasks.storage import read_table, write_table
 from tasks.target.chat import resolve_end_of_turn
 from tasks.target.loader import load_tokenizer
 
-STAGE_DIR = "reconstructed"
 GATE_COLUMNS = ["id", "num_tokens", "num_trained", "last_trained_id", "round_trip", "finish_reason"]
 
 
@@ -57,27 +57,30 @@ def plan_shards(config: RunConfig) -> list[Shard]:
     return shards
 
 
-def is_done(shard: Shard, force: bool) -> bool:
-    """A shard is done when both outputs exist and are newer than its input."""
-    if force:
-        return False
-    outputs = [Path(shard.output), Path(shard.quarantine)]
-    source_time = Path(shard.source_file).stat().st_mtime
-    return all(p.exists() and p.stat().st_mtime >= source_time for p in outputs)
+def shard_fingerprint(config: RunConfig, shard: Shard) -> str:
+    """Everything a shard's outputs depend on: its input file and slice, the target, the rebuild options."""
+    options = config.reconstruct.model_dump(mode="json", include={"methods", "echoed_reasoning"})
+    return fingerprint(
+        file_fingerprint(Path(shard.source_file)), shard.start, shard.stop, config.target.model_dump(mode="json"), options
+    )
 
 
 def reconstruct_shard(config: RunConfig, shard: Shard) -> dict:
-    """Rebuild one shard (skipped when already done); returns counts, never the rows."""
-    if is_done(shard, STAGE_DIR in config.orchestration.force or "reconstruct" in config.orchestration.force):
-        rows, refused = (pq.ParquetFile(p).metadata.num_rows for p in (shard.output, shard.quarantine))
-        return {"output": shard.output, "rows": rows, "quarantined": refused, "skipped": True}
+    """Rebuild one shard (skipped when its completion marker matches); returns counts, never the rows."""
+    out, name = stage_dir(config, "reconstruct"), Path(shard.output).name
+    key = shard_fingerprint(config, shard)
+    done = None if "reconstruct" in config.orchestration.force else finished(out, name, key)
+    if done is not None:
+        return {"output": shard.output, "rows": done["rows"], "quarantined": done["quarantined"], "skipped": True}
     tokenizer = load_tokenizer(config.target)
     rows = read_table("generations", Path(shard.source_file)).slice(shard.start, shard.stop - shard.start).to_pylist()
     result = rebuild_rows(tokenizer, rows, config.target, config.reconstruct)
     write_table("quarantine", result.quarantine, Path(shard.quarantine))
     write_table("reconstructed", result.table, Path(shard.output))
+    counts = {"rows": result.table.num_rows, "quarantined": len(result.quarantine)}
+    mark_done(out, name, key, [Path(shard.output), Path(shard.quarantine)], counts)
     failpoint("reconstruct.shard")
-    return {"output": shard.output, "rows": result.table.num_rows, "quarantined": len(result.quarantine), "skipped": False}
+    return {"output": shard.output, **counts, "skipped": False}
 
 
 def remove_stale(config: RunConfig, shards: list[Shard]) -> None:
@@ -87,6 +90,7 @@ def remove_stale(config: RunConfig, shards: list[Shard]) -> None:
     for path in list(out.glob("part-*.parquet")) + list(out.glob("quarantine-part-*.parquet")):
         if path.name not in keep:
             path.unlink()
+    remove_stale_markers(out, {Path(s.output).name for s in shards})
 
 
 def collect_quarantine(config: RunConfig, shards: list[Shard]) -> tuple[Path, int]:
@@ -155,5 +159,5 @@ def gate_task(config: RunConfig) -> int:
 
 @task(name="reconstruct-shard", task_run_name="reconstruct-rows-{shard.start}-{shard.stop}", persist_result=False)
 def reconstruct_shard_task(config: RunConfig, shard: Shard) -> dict:
-    """One shard as a Prefect task; resume is by the shard's output files, not a result cache."""
+    """One shard as a Prefect task; resume is by its completion marker, not a result cache."""
     return reconstruct_shard(config, shard)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 from prefect import task
 
+from tasks.completions import file_fingerprint, fingerprint, finished, mark_done, remove_stale_markers
 from tasks.config import RunConfig
 from tasks.failpoints import failpoint
 from tasks.gates import enforce
@@ -21,7 +21,6 @@ from tasks.validate.classify import EXACT, UNVERIFIED, Verdict, classify_ids, th
 from tasks.validate.report import rates_frame, report_markdown
 from tasks.validate.simulate import simulate_rows
 
-STAGE_DIR = "validation"
 TRUTH_COLUMNS = [
     "id",
     "source",
@@ -92,8 +91,9 @@ def validate_part(config: RunConfig, part: Path) -> dict:
             records.append(_record(generation["id"], generation["source"], "reencode", "simulate", verdict, True))
     output = stage_dir(config, "validate") / part.name
     write_table("validation", records, output)
+    mark_done(stage_dir(config, "validate"), part.name, part_fingerprint(config, part), [output], {"rows": len(records)})
     failpoint("validate.part")
-    return {"output": str(output), "rows": len(records)}
+    return {"output": str(output), "rows": len(records), "skipped": False}
 
 
 def remove_stale(config: RunConfig, parts: list[Path]) -> None:
@@ -101,12 +101,21 @@ def remove_stale(config: RunConfig, parts: list[Path]) -> None:
     for path in stage_dir(config, "validate").glob("part-*.parquet"):
         if path.name not in keep:
             path.unlink()
+    remove_stale_markers(stage_dir(config, "validate"), keep)
 
 
-def is_done(config: RunConfig, part: Path) -> bool:
-    output = stage_dir(config, "validate") / part.name
-    forced = "validate" in config.orchestration.force or STAGE_DIR in config.orchestration.force
-    return not forced and output.exists() and output.stat().st_mtime >= part.stat().st_mtime
+def part_fingerprint(config: RunConfig, part: Path) -> str:
+    """A part's verdicts depend on it, on the generations (the truth), the target and the validation options."""
+    truth = [file_fingerprint(p) for p in sorted(stage_dir(config, "generate").glob("part-*.parquet"))]
+    options = config.validation.model_dump(mode="json", include={"context_tokens", "simulate"})
+    return fingerprint(file_fingerprint(part), truth, config.target.model_dump(mode="json"), options)
+
+
+def finished_part(config: RunConfig, part: Path) -> dict | None:
+    """The part's completion marker when its output is current, else None (forced parts never are)."""
+    if "validate" in config.orchestration.force:
+        return None
+    return finished(stage_dir(config, "validate"), part.name, part_fingerprint(config, part))
 
 
 def plan_parts(config: RunConfig) -> list[Path]:
@@ -174,7 +183,7 @@ def run_validate(config: RunConfig) -> dict:
     """The whole stage in-process, part by part (the flow runs the same parts as tasks and gates them)."""
     parts = plan_parts(config)
     for part in parts:
-        if not is_done(config, part):
+        if finished_part(config, part) is None:
             validate_part(config, part)
     return summarize(config, parts)
 
@@ -199,8 +208,8 @@ def gate_task(config: RunConfig) -> int:
 
 @task(name="validate-part", task_run_name="validate-{part.name}", persist_result=False)
 def validate_part_task(config: RunConfig, part: Path) -> dict:
-    """One reconstructed part as a Prefect task; done parts are skipped by their output file."""
-    if is_done(config, part):
-        out = stage_dir(config, "validate") / part.name
-        return {"output": str(out), "rows": pq.ParquetFile(out).metadata.num_rows, "skipped": True}
+    """One reconstructed part as a Prefect task; done parts are skipped by their completion marker."""
+    done = finished_part(config, part)
+    if done is not None:
+        return {"output": str(stage_dir(config, "validate") / part.name), "rows": done["rows"], "skipped": True}
     return validate_part(config, part)

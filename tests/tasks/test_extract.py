@@ -14,9 +14,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from tasks.completions import marker_path
 from tasks.config import ExtractConfig, RunConfig
 from tasks.extract.checks import gate_extract
-from tasks.extract.shards import marker_path, read_rows
+from tasks.extract.shards import read_rows
 from tasks.extract.stage import run_extract
 from tasks.extract.transformers_backend import TransformersBackend
 from tasks.gates import GateError
