@@ -157,8 +157,8 @@ def print_outputs(cfg: RunConfig, results: dict) -> None:
 
 
 PortOption = typer.Option(8000, "--port", help="Port on 127.0.0.1.")
-ThreadsOption = typer.Option(None, "--threads", help="Torch threads (default: generate.api.server_threads).")
-MaxBatchOption = typer.Option(None, "--max-batch", help="Rows per forward (default: generate.api.server_max_batch).")
+ThreadsOption = typer.Option(None, "--threads", help="Torch threads (default: generate.embedded.threads).")
+MaxBatchOption = typer.Option(None, "--max-batch", help="Rows per forward (default: generate.embedded.max_batch).")
 
 
 @app.command("serve-target")
@@ -173,9 +173,9 @@ def serve_target(
     from tasks.target.serve.server import serve
 
     cfg = read_config(config, set_)
-    api = cfg.generate.api
+    server = cfg.generate.embedded
     console.print(f"serving {cfg.target.model} on http://127.0.0.1:{port}/v1", highlight=False)
-    serve(cfg, port, threads or api.server_threads, max_batch or api.server_max_batch, api.server_dtype)
+    serve(cfg, port, threads or server.threads, max_batch or server.max_batch, server.dtype)
 
 
 if __name__ == "__main__":

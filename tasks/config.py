@@ -113,14 +113,19 @@ class ApiConfig(StrictModel):
     """First backoff in seconds; doubles each retry, with full jitter."""
     backoff_max_s: float = Field(60.0, gt=0)
     """Cap on one backoff, including a server's Retry-After."""
-    server_threads: int = Field(1, gt=0)
-    """Embedded server only: torch threads (1 keeps it steady when other processes share the cores)."""
-    server_max_batch: int = Field(16, gt=0)
-    """Embedded server only: most sequences decoded together in one forward pass."""
-    server_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Embedded server only: compute dtype; auto = bf16 where the CPU has native bf16 (~2x faster), else fp32."""
-    server_startup_s: float = Field(180.0, gt=0)
-    """Embedded server only: seconds to wait for it to load the model and answer /health."""
+
+
+class EmbeddedServerConfig(StrictModel):
+    """The embedded target server (`generate.api.base_url: embedded`): the target served on 127.0.0.1."""
+
+    threads: int = Field(1, gt=0)
+    """Torch threads (1 keeps it steady when other processes share the cores)."""
+    max_batch: int = Field(16, gt=0)
+    """Most sequences decoded together in one forward pass."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype; auto = bf16 where the CPU has native bf16 (~2x faster), else fp32."""
+    startup_s: float = Field(180.0, gt=0)
+    """Seconds to wait for it to load the model and answer /health."""
 
 
 class RequestConfig(StrictModel):
@@ -161,6 +166,8 @@ class GenerateConfig(StrictModel):
     """The chat-completions endpoint and how to call it."""
     request: RequestConfig = Field(default_factory=RequestConfig)
     """Options sent with every request."""
+    embedded: EmbeddedServerConfig = Field(default_factory=EmbeddedServerConfig)
+    """The embedded server, when generate.api.base_url is "embedded"."""
     budget_usd: float | None = Field(None, gt=0)
     """Stop cleanly (everything finished journaled) once usage.cost adds up to this many USD."""
     max_error_rate: float = Field(0.05, ge=0, le=1)

@@ -7,7 +7,7 @@ import os
 import httpx
 import pytest
 
-from tasks.config import ApiConfig, GenerateConfig, RequestConfig, RunConfig, SourceConfig
+from tasks.config import ApiConfig, EmbeddedServerConfig, GenerateConfig, RequestConfig, RunConfig, SourceConfig
 from tasks.generate.stage import run_generate
 from tasks.storage import read_table
 from tasks.target.formats import QWEN3
@@ -20,7 +20,9 @@ MAX_TOKENS = 16
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """One embedded server for the module; it must be gone once the context exits."""
-    config = RunConfig(generate=GenerateConfig(api=ApiConfig(provider="embedded", base_url="embedded", server_threads=1)))
+    config = RunConfig(
+        generate=GenerateConfig(api=ApiConfig(provider="embedded", base_url="embedded"), embedded=EmbeddedServerConfig(threads=1))
+    )
     with embedded_server(config, tmp_path_factory.mktemp("server")) as base_url:
         pid = httpx.get(base_url.replace("/v1", "/health")).json()["pid"]
         yield base_url

@@ -15,8 +15,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     config = load_config(args.config)
-    api = config.generate.api
-    serve(config, args.port, api.server_threads, api.server_max_batch, api.server_dtype)
+    server = config.generate.embedded
+    serve(config, args.port, server.threads, server.max_batch, server.dtype)
 
 
 if __name__ == "__main__":

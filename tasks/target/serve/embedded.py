@@ -50,7 +50,6 @@ def embedded_server(config: RunConfig, workdir: Path) -> Iterator[str]:
     write_bytes_atomic(config_file, yaml.safe_dump(config.model_dump(mode="json")).encode("utf-8"))
     port = free_port()
     cmd = [sys.executable, "-m", "tasks.target.serve", "--config", str(config_file.resolve()), "--port", str(port)]
-    api = config.generate.api
     with open(workdir / "server.log", "ab") as log_file:
         process = subprocess.Popen(
             cmd,
@@ -62,7 +61,7 @@ def embedded_server(config: RunConfig, workdir: Path) -> Iterator[str]:
         )
     try:
         base_url = f"http://127.0.0.1:{port}/v1"
-        deadline = time.monotonic() + api.server_startup_s
+        deadline = time.monotonic() + config.generate.embedded.startup_s
         while True:
             if process.poll() is not None:
                 raise ServerStartError(f"embedded server exited with {process.returncode}; see {workdir / 'server.log'}")
@@ -72,7 +71,7 @@ def embedded_server(config: RunConfig, workdir: Path) -> Iterator[str]:
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise ServerStartError(f"embedded server not healthy after {api.server_startup_s:g}s")
+                raise ServerStartError(f"embedded server not healthy after {config.generate.embedded.startup_s:g}s")
             time.sleep(0.5)
         log.info("embedded server for %s on %s (pid %d)", config.target.model, base_url, process.pid)
         yield base_url
