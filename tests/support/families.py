@@ -7,7 +7,7 @@ tokenizer on PyPI: they use SmolLM2's byte-level BPE with the family's markers a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.config import TargetConfig
@@ -25,9 +25,10 @@ class Family:
     reasoning_field: str = "reasoning_content"  # where the real template reads a past turn's reasoning
     # Which reply shapes the template renders in full as the last turn (see REPLY_SHAPES).
     full_turns: tuple[str, ...] = ()
-    notes: dict = field(default_factory=dict)
 
 
+# Reply shapes (see tests/tasks/test_chat_formats.py) a template renders in full as the last turn.
+EVERY_SHAPE = ("text", "reasoning", "calls", "reasoning_calls", "one_call")
 QWEN_MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 FAMILIES = {
     f.name: f
@@ -39,7 +40,7 @@ FAMILIES = {
             "qwen35",
             ({}, {"enable_thinking": False}),
             QWEN_MARKERS,
-            full_turns=("text", "reasoning", "calls", "reasoning_calls", "one_call"),
+            full_turns=EVERY_SHAPE,
         ),
         Family(
             "qwen3.5",
@@ -47,7 +48,7 @@ FAMILIES = {
             "qwen35",
             ({}, {"enable_thinking": False}),
             QWEN_MARKERS,
-            full_turns=("text", "reasoning", "calls", "reasoning_calls", "one_call"),
+            full_turns=EVERY_SHAPE,
         ),
         Family("qwen3-coder", "Qwen3-Coder.jinja", "qwen35", markers=QWEN_MARKERS, full_turns=("text", "calls", "one_call")),
         Family("kimi-k2", "Kimi-K2-Instruct.jinja", "kimi", full_turns=("text", "calls", "one_call")),
@@ -70,7 +71,7 @@ FAMILIES = {
             "deepseek-ai-DeepSeek-V3.2.jinja",
             "deepseek",
             ({"thinking": True}, {"thinking": False}),
-            full_turns=("text", "reasoning", "calls", "reasoning_calls", "one_call"),
+            full_turns=EVERY_SHAPE,
         ),
         Family(
             "glm-4.6",
@@ -94,7 +95,7 @@ FAMILIES = {
                 "<tool_response>",
                 "</tool_response>",
             ),
-            full_turns=("text", "reasoning", "calls", "reasoning_calls", "one_call"),
+            full_turns=EVERY_SHAPE,
         ),
         Family(
             "gpt-oss",

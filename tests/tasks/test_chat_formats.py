@@ -23,23 +23,8 @@ from tasks.target.formats import FORMATS, Reply, ToolCall, detect
 from tasks.validate.simulate import simulate_rows
 from tests.support.families import FAMILIES, template_text
 from tests.support.family_rows import family_rows
+from tests.support.tools import CLOCK, WEATHER
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-CLOCK = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "Local time in a zone",
-        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}},
-    },
-}
 ZURICH = ToolCall("get_weather", json.dumps({"city": "Zürich"}, ensure_ascii=False))
 PARIS = ToolCall("get_time", json.dumps({"zone": "Europe/Paris"}))
 REPLY_SHAPES = {

@@ -17,26 +17,11 @@ from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.target.chat import resolve_end_of_turn
 from tasks.target.tokens import codec
 from tests.support.families import FAMILIES
+from tests.support.tools import CLOCK, WEATHER
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden"
 REGEN = os.environ.get("DRAFTSMITH_REGEN_GOLDEN") == "1"
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-CLOCK = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "Local time in a zone",
-        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}},
-    },
-}
 # Non-canonical spacing, a newline and non-ASCII: the argument string must survive byte for byte.
 ODD_ARGUMENTS = '{"city":  "Zürich",\n "unit":"celsius" ,"days":[1,2]}'
 ONE_CALL = ("llama-3", "gpt-oss")  # one tool call per turn, nothing beside it

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tasks.contracts import RowError
 
@@ -79,9 +79,7 @@ class ChatFormat:
     stop_markers: tuple[str, ...] = ()  # other tokens that may end a turn (e.g. after a tool call)
     signature: tuple[str, ...] = ()  # template substrings that identify the family (all must occur)
     excludes: tuple[str, ...] = ()  # template substrings that rule the family out
-    template: str = ""  # the real template in the llama.cpp corpus this format is proven against
-    id_rule: str = "API ids ignored: the model writes none"
-    notes: dict = field(default_factory=dict)
+    extra_markers: tuple[str, ...] = ()  # other marker tokens it writes (tool-call syntax, headers)
 
     # ---------------------------------------------------------------- reasoning
     def thinking_state(self, prompt: str) -> str:
@@ -172,7 +170,7 @@ class ChatFormat:
         found = [self.end_of_turn, *self.stop_markers]
         if self.think:
             found += [m.strip() for m in self.think]
-        return found + list(self.notes.get("markers", ()))
+        return found + list(self.extra_markers)
 
 
 def prior_tool_calls(history: list[dict]) -> int:

@@ -80,13 +80,11 @@ DEEPSEEK_V31 = DeepSeekV31Format(
     end_of_turn=EOS,
     think=("<think>", "</think>"),
     signature=("<｜Assistant｜>", "<｜tool▁sep｜>", "<think>"),
-    template="deepseek-ai-DeepSeek-V3.1.jinja",
-    notes={"markers": [CALLS_BEGIN, CALLS_END, CALL_BEGIN, SEP, CALL_END]},
+    extra_markers=(CALLS_BEGIN, CALLS_END, CALL_BEGIN, SEP, CALL_END),
 )
 DEEPSEEK_V32 = DeepSeekV32Format(
     name="deepseek-v3.2",
     end_of_turn=EOS,
     think=("<think>", "</think>"),
     signature=("<｜Assistant｜>", "DSML"),
-    template="deepseek-ai-DeepSeek-V3.2.jinja",
 )

@@ -55,5 +55,4 @@ GLM_46 = GlmFormat(
     think=("\n<think>", "</think>"),
     always_thinks=True,
     signature=("[gMASK]<sop>", "<arg_key>"),
-    template="GLM-4.6.jinja",
 )

@@ -56,6 +56,5 @@ GPT_OSS = HarmonyFormat(
     end_of_turn="<|return|>",
     stop_markers=("<|call|>",),
     signature=("<|channel|>", "<|return|>"),
-    template="openai-gpt-oss-120b.jinja",
-    notes={"markers": ["<|start|>", "<|end|>", "<|channel|>", "<|message|>"]},
+    extra_markers=("<|start|>", "<|end|>", "<|channel|>", "<|message|>"),
 )

@@ -42,6 +42,8 @@ def hermes_arguments(body: str) -> tuple[str, str] | None:
 class HermesFormat(ChatFormat):
     """Content, then each call on its own line as Hermes JSON."""
 
+    end_of_turn: str = "<|im_end|>"
+    extra_markers: tuple[str, ...] = (CALL_OPEN, CALL_CLOSE)
     content_gap: str = "\n"  # between the content and the first call
 
     def call_text(self, call: ToolCall, row_id: str) -> str:
@@ -114,34 +116,22 @@ class QwenCoderFormat(QwenFormat):
 
 CHATML = HermesFormat(
     name="chatml",
-    end_of_turn="<|im_end|>",
     signature=("<|im_start|>", "<|im_end|>"),
-    template="Qwen-Qwen2.5-7B-Instruct.jinja",
-    notes={"markers": [CALL_OPEN, CALL_CLOSE]},
 )
 QWEN3 = QwenFormat(
     name="qwen3",
-    end_of_turn="<|im_end|>",
     think=("<think>\n", "\n</think>\n\n"),
     always_thinks=True,
     signature=("<|im_start|>", "</think>", "<tool_call>"),
-    template="Qwen-Qwen3-0.6B.jinja",
-    notes={"markers": [CALL_OPEN, CALL_CLOSE]},
 )
 QWEN3_CODER = QwenCoderFormat(
     name="qwen3-coder",
-    end_of_turn="<|im_end|>",
     signature=("<|im_start|>", "<function="),
     excludes=("</think>",),
-    template="Qwen3-Coder.jinja",
-    notes={"markers": [CALL_OPEN, CALL_CLOSE]},
 )
 QWEN35 = QwenCoderFormat(
     name="qwen3.5",
-    end_of_turn="<|im_end|>",
     think=("<think>\n", "\n</think>\n\n"),
     always_thinks=True,
     signature=("<|im_start|>", "<function=", "</think>"),
-    template="Qwen3.5-4B.jinja",
-    notes={"markers": [CALL_OPEN, CALL_CLOSE]},
 )

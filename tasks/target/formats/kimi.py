@@ -56,16 +56,13 @@ class KimiFormat(ChatFormat):
         return text[:start], tuple(calls)
 
 
-MARKERS = [SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END, "<|im_user|>", "<|im_assistant|>", "<|im_middle|>"]
-RULE = "`functions.NAME:IDX`, IDX counted over the conversation; a model-form API id is kept"
+MARKERS = (SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END, "<|im_user|>", "<|im_assistant|>", "<|im_middle|>")
 
 KIMI_K2 = KimiFormat(
     name="kimi-k2",
     end_of_turn="<|im_end|>",
     signature=("<|im_assistant|>", "<|tool_calls_section_begin|>"),
-    template="Kimi-K2-Instruct.jinja",
-    id_rule=RULE,
-    notes={"markers": MARKERS},
+    extra_markers=MARKERS,
 )
 KIMI_K25 = KimiFormat(
     name="kimi-k2.5",
@@ -73,7 +70,5 @@ KIMI_K25 = KimiFormat(
     think=("<think>", "</think>"),
     always_thinks=True,
     signature=("<|im_assistant|>", "<|tool_calls_section_begin|>", "<think>"),
-    template="Kimi-K2-Thinking.jinja",
-    id_rule=RULE,
-    notes={"markers": MARKERS},
+    extra_markers=MARKERS,
 )

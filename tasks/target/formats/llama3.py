@@ -39,6 +39,5 @@ LLAMA3 = Llama3Format(
     end_of_turn="<|eot_id|>",
     stop_markers=("<|eom_id|>",),
     signature=("<|start_header_id|>", "<|eot_id|>"),
-    template="meta-llama-Llama-3.1-8B-Instruct.jinja",
-    notes={"markers": ["<|start_header_id|>", "<|end_header_id|>"]},
+    extra_markers=("<|start_header_id|>", "<|end_header_id|>"),
 )
