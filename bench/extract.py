@@ -23,9 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tasks.config import ExtractConfig, RunConfig, TargetConfig  # noqa: E402
+from tasks.config import ComputeConfig, ExtractConfig, RunConfig, TargetConfig  # noqa: E402
 from tasks.extract.batching import order_rows, pack_batches  # noqa: E402
-from tasks.extract.stage import run_extract  # noqa: E402
+from tasks.extract.stage import EXTRACT, use_backend  # noqa: E402
 from tasks.extract.transformers_backend import TransformersBackend, resolve_dtype  # noqa: E402
 from tasks.storage import write_table  # noqa: E402
 from tasks.target.assets import KNOWN_FILES, resolve_path  # noqa: E402
@@ -120,7 +120,7 @@ def main() -> None:
     rows = chat_rows(load_tokenizer(target), 4 if args.quick else args.rows)
     tokens = sum(r["num_tokens"] for r in rows)
     extract = ExtractConfig(cpu_threads=args.threads)
-    dtype = resolve_dtype(extract.dtype, "cpu")
+    dtype = resolve_dtype(ComputeConfig().dtype, "cpu")
     model = load_model(target, dtype=dtype)
     with tempfile.TemporaryDirectory(prefix="draftsmith-bench-") as tmp:
         config = RunConfig(name="bench", runs_dir=Path(tmp), extract=extract)
@@ -130,7 +130,8 @@ def main() -> None:
         script_s, script_bytes = common_script(model, rows, Path(tmp) / "script", [2, 15, 27])
         backend = TransformersBackend(model, name=target.model)
         started = time.perf_counter()
-        summary = run_extract(config, backend)
+        use_backend(config, backend)
+        summary = EXTRACT.run(config)
         ours_s = time.perf_counter() - started
     ours = tokens / ours_s
     print(f"\n{len(rows)} ShareGPT rows, {tokens} tokens, compute {dtype}, {args.threads} thread(s), CPU\n")

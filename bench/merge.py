@@ -100,11 +100,14 @@ def generate(run_dir: Path, rows: int) -> None:
 
 
 def run_draftsmith(runs_dir: Path, budget_mb: int) -> dict:
-    from tasks.config import MergeConfig, RunConfig
+    from tasks.config import ComputeConfig, MergeConfig, RunConfig
     from tasks.merge.stage import run_merge
 
     config = RunConfig(
-        name="bench", runs_dir=runs_dir, merge=MergeConfig(eval_size=EVAL_FRACTION, seed=SEED, memory_budget_mb=budget_mb)
+        name="bench",
+        runs_dir=runs_dir,
+        merge=MergeConfig(eval_size=EVAL_FRACTION, memory_budget_mb=budget_mb),
+        compute=ComputeConfig(seed=SEED),
     )
     summary = run_merge(config)
     return {"kept": summary["train_rows"] + summary["eval_rows"]}

@@ -67,7 +67,7 @@ def sharegpt_rows(config: RunConfig, tokenizer, rows: int, max_tokens: int) -> l
 
 def prepare_data(config: RunConfig, rows: int, eval_rows: int, max_tokens: int) -> None:
     """merged/ and hidden_states/ for the bench run, built once."""
-    from tasks.extract.stage import run_extract
+    from tasks.extract.stage import EXTRACT
 
     if (config.run_dir / "hidden_states" / "meta.json").exists():
         return
@@ -77,7 +77,7 @@ def prepare_data(config: RunConfig, rows: int, eval_rows: int, max_tokens: int) 
     for split in ("train", "eval"):
         write_table("merged", [r for r in data if r["split"] == split], config.run_dir / "merged" / split / "part-00000.parquet")
     started = time.perf_counter()
-    summary = run_extract(config)
+    summary = EXTRACT.run(config)
     print(f"extracted {summary['tokens']} tokens in {time.perf_counter() - started:.0f} s")
 
 

@@ -76,27 +76,49 @@ def preflight(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
         raise typer.Exit(1)
 
 
+def show_config_keys(value: bool) -> None:
+    """`--help-config`: every config key with its type, default and what it does, then exit."""
+    if not value:
+        return
+    from rich.table import Table
+
+    from tasks.config import config_fields
+
+    table = Table()
+    table.add_column("key", no_wrap=True)
+    table.add_column("type", max_width=30)
+    table.add_column("default", max_width=24)
+    table.add_column("what it does", ratio=1)
+    for row in config_fields():
+        table.add_row(*row)
+    console.print(table)
+    raise typer.Exit()
+
+
 @app.command()
 def run(
     config: Path = ConfigOption,
     set_: list[str] = SetOption,
+    help_config: bool = typer.Option(
+        False, "--help-config", is_eager=True, callback=show_config_keys, help="List every config key and its reason, then exit."
+    ),
     stage: str = typer.Option(None, help="Run only this stage's flow (generate, reconstruct, ...)."),
-    force: list[str] = typer.Option(None, "--force", help="Rerun this stage even if it is up to date."),
+    force: list[str] = typer.Option(None, "--force", help="Rerun this stage even if it is up to date (repeatable)."),
 ) -> None:
     """Run the whole pipeline (or one stage) for a config."""
-    from flows.pipeline import eagle3_pipeline
+    from flows.pipeline import call_stage_flow, eagle3_pipeline
     from tasks.stages import STAGE_NAMES, stage_flow
 
     cfg = read_config(config, set_)
-    if force:
-        cfg.orchestration.force = sorted(set(cfg.orchestration.force) | set(force))
-    if stage is None:
-        results = eagle3_pipeline(cfg)
-    else:
-        if stage not in STAGE_NAMES:
-            console.print(f"[red]unknown stage {stage!r}; stages: {', '.join(STAGE_NAMES)}[/red]")
+    force = force or []
+    for name in force + ([stage] if stage else []):
+        if name not in STAGE_NAMES:
+            console.print(f"[red]unknown stage {name!r}; stages: {', '.join(STAGE_NAMES)}[/red]")
             raise typer.Exit(2)
-        results = {stage: stage_flow(stage)(cfg)}
+    if stage is None:
+        results = eagle3_pipeline(cfg, force)
+    else:
+        results = {stage: call_stage_flow(stage_flow(stage), cfg, stage in force)}
     print_outputs(cfg, results)
 
 
@@ -175,7 +197,7 @@ def serve_target(
     cfg = read_config(config, set_)
     server = cfg.generate.embedded
     console.print(f"serving {cfg.target.model} on http://127.0.0.1:{port}/v1", highlight=False)
-    serve(cfg, port, threads or server.threads, max_batch or server.max_batch, server.dtype)
+    serve(cfg, port, threads or server.threads, max_batch or server.max_batch, cfg.compute.dtype)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,19 @@
-"""extract flow: plan shards, extract each (finished shards are skipped), index, then gate."""
+"""The extract flow: merged rows -> the target's hidden states, sharded, indexed and gated."""
 
 from __future__ import annotations
 
 from prefect import flow
 
+import tasks  # noqa: F401  (offline defaults before Prefect is imported)
 from tasks.config import RunConfig
 from tasks.extract.checks import gate_task
-from tasks.extract.stage import extract_shard_task, finalize_task, plan_task
+from tasks.extract.stage import TASKS
 from tasks.target.preflight import stage_preflight
 
 
 @flow(name="extract")
-def extract_flow(config: RunConfig) -> dict:
-    """merged/ -> hidden_states/ shards, index.parquet and meta.json, gated by `hidden_states`."""
+def extract_flow(config: RunConfig, force: bool = False) -> dict:
+    """merged/ -> hidden_states/ shards (force: even those already done), index.parquet and meta.json, gated."""
     stage_preflight(config.target)
-    plans = plan_task(config)
-    futures = [extract_shard_task.submit(config, plan) for plan in plans]
-    markers = [future.result() for future in futures]
-    summary = finalize_task(config, plans, markers)
+    summary = TASKS.run(config, force)  # plan -> one task per shard -> finalize
     return summary | {"gate": gate_task(config)}

@@ -12,10 +12,10 @@ from tasks.target.preflight import stage_preflight
 
 
 @flow(name="generate")
-def generate_flow(config: RunConfig) -> dict:
-    """Generate replies for every configured prompt source, then gate the table."""
+def generate_flow(config: RunConfig, force: bool = False) -> dict:
+    """Generate replies for every configured prompt source (force: retry permanent failures too), gate the table."""
     stage_preflight(config.target)
-    summary = generate_task(config)
+    summary = generate_task(config, force)
     if summary["stopped"]:
         get_run_logger().warning("generation stopped early (%s); rerun to finish", summary["stopped"])
     gate_generations_task(config, summary["error_rate"])

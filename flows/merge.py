@@ -11,9 +11,9 @@ from tasks.target.preflight import stage_preflight
 
 
 @flow(name="merge")
-def merge_flow(config: RunConfig) -> dict:
-    """Merge, dedup, mix and split the reconstructed sources, then gate them before extract reads them."""
+def merge_flow(config: RunConfig, force: bool = False) -> dict:
+    """Merge, dedup, mix and split the reconstructed sources (force: even when current), then gate them."""
     stage_preflight(config.target)
-    summary = merge_task(config)
+    summary = merge_task(config, force)
     checked = gate_merged_task(config)
     return summary | {"gated_rows": checked}

@@ -12,28 +12,37 @@ from tasks.config import RunConfig
 from tasks.run_report import run_report_markdown
 from tasks.runners import build_task_runner
 from tasks.stage_record import current_summary, save_record
-from tasks.stages import STAGE_NAMES, stage_flow
+from tasks.stages import STAGE_NAMES, StageName, stage_flow
 from tasks.target.preflight import preflight_task
 
 
-def run_stage(stage: str, config: RunConfig) -> dict:
-    """Run one stage as a subflow unless its record says it is up to date."""
-    logger = get_run_logger()
-    summary = current_summary(config, stage)
+def call_stage_flow(subflow, config: RunConfig, force: bool) -> dict:
+    """Run a stage flow; `force` reaches the flows that can skip work (evaluate always decodes afresh)."""
+    if force and "force" in subflow.parameters.properties:
+        return subflow(config, force=True)
+    return subflow(config)
+
+
+def run_stage(stage: str, config: RunConfig, force: bool) -> dict:
+    """Run one stage as a subflow unless its record says it is up to date (or it is forced)."""
+    summary = None if force else current_summary(config, stage)
     if summary is not None:
-        logger.info("stage %s is up to date (same config and inputs): skipped", stage)
+        get_run_logger().info("stage %s is up to date (same config and inputs): skipped", stage)
         return summary | {"skipped": True}
     started = time.time()
-    summary = stage_flow(stage).with_options(task_runner=build_task_runner(config.orchestration))(config)
+    summary = call_stage_flow(stage_flow(stage).with_options(task_runner=build_task_runner(config.orchestration)), config, force)
     save_record(config, stage, summary, started)
     return summary
 
 
 @flow(name="eagle3_pipeline", log_prints=True)
-def eagle3_pipeline(config: RunConfig) -> dict:
-    """Preflight, then generate -> reconstruct -> validate -> merge -> extract -> train -> evaluate."""
+def eagle3_pipeline(config: RunConfig, force: list[StageName] | None = None) -> dict:
+    """Preflight, then generate -> reconstruct -> validate -> merge -> extract -> train -> evaluate.
+
+    `force` names stages to rerun even when up to date (a reply already bought is never asked for again).
+    """
     results = {"preflight": preflight_task(config.target)}
     for stage in STAGE_NAMES:
-        results[stage] = run_stage(stage, config)
+        results[stage] = run_stage(stage, config, stage in (force or []))
     create_markdown_artifact(key="run-report", markdown=run_report_markdown(config, results), description=f"Run {config.name}")
     return results

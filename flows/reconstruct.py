@@ -6,16 +6,14 @@ from prefect import flow
 
 import tasks  # noqa: F401  (offline defaults before Prefect is imported)
 from tasks.config import RunConfig
-from tasks.reconstruct.stage import finalize_task, gate_task, plan_shards, reconstruct_shard_task
+from tasks.reconstruct.stage import TASKS, gate_task
 from tasks.target.preflight import stage_preflight
 
 
 @flow(name="reconstruct")
-def reconstruct_flow(config: RunConfig) -> dict:
-    """Rebuild every generations shard, collect quarantine, gate the table."""
+def reconstruct_flow(config: RunConfig, force: bool = False) -> dict:
+    """Rebuild every generations shard (force: even those already done), collect quarantine, gate the table."""
     stage_preflight(config.target)
-    shards = plan_shards(config)
-    futures = [reconstruct_shard_task.submit(config, shard) for shard in shards]
-    summary = finalize_task(config, shards, [f.result() for f in futures])
+    summary = TASKS.run(config, force)  # plan -> one task per shard -> finalize
     gate_task(config)
     return summary

@@ -8,8 +8,9 @@ from tasks.target.preflight import stage_preflight
 
 
 @flow(name="train", log_prints=True)
-def train_flow(config: RunConfig) -> dict:
+def train_flow(config: RunConfig, force: bool = False) -> dict:
+    """Train the draft (force: from scratch, not from the last checkpoint), gate its metrics, export it."""
     stage_preflight(config.target)
-    trained = train_task(config)
+    trained = train_task(config, force)
     gate = gate_train_task(config)
     return stage_summary(config, trained, gate, export_task(config))

@@ -6,6 +6,8 @@ CLI loads from YAML. Every default sits beside a one-line reason.
 
 from __future__ import annotations
 
+import json
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,8 +124,6 @@ class EmbeddedServerConfig(StrictModel):
     """Torch threads (1 keeps it steady when other processes share the cores)."""
     max_batch: int = Field(16, gt=0)
     """Most sequences decoded together in one forward pass."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Compute dtype; auto = bf16 where the CPU has native bf16 (~2x faster), else fp32."""
     startup_s: float = Field(180.0, gt=0)
     """Seconds to wait for it to load the model and answer /health."""
 
@@ -244,8 +244,6 @@ class MergeConfig(StrictModel):
     """Empty means: every source in this run's reconstructed table, unweighted."""
     eval_size: float = Field(0.1, ge=0)
     """Eval rows as a fraction (<1) or a count (>=1), stratified by source."""
-    seed: int = 0
-    """Seed of the shuffle and the split: the same seed gives byte-identical shards."""
     rows_per_shard: int = Field(10_000, gt=0)
     """Rows per output Parquet shard."""
     memory_budget_mb: int = Field(1024, gt=0)
@@ -282,11 +280,6 @@ class ExtractConfig(StrictModel):
     """HF hidden_states indices (= input of decoder layer i); None = [2, L//2, L-3] as EAGLE-3."""
     batch_tokens: int = Field(4096, gt=0)
     """Padded tokens per forward batch; rows are sorted by length and packed to this budget."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Compute dtype; storage is always bf16. "auto": bf16 on CUDA or a CPU with native bf16, else fp32 (emulated bf16 on an
-    AVX2-only CPU ran ~5x slower than fp32)."""
-    device: str = "auto"
-    """"auto" picks CUDA when present."""
     shard_tokens: int = Field(65_536, gt=0)
     """Tokens per safetensors shard (one shard is also the unit of resume); 65k tokens ~ 300 MB at H=576."""
     cpu_threads: int | None = Field(None, gt=0)
@@ -318,15 +311,11 @@ class TrainConfig(StrictModel):
     grad_clip: float = Field(0.5, gt=0)
     """Gradient norm clip (EAGLE-3's 0.5)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Training dtype of the draft; the embedding stays the target's."""
+    """Training precision of the draft (autocast); the embedding stays the target's."""
     checkpoint_every: int = Field(50, gt=0)
     """Steps between checkpoints (resume restarts from the last)."""
     keep_checkpoints: int = Field(2, gt=0)
     """Checkpoints kept on disk (newest first); older ones are deleted after each save."""
-    seed: int = 0
-    """Seed of the draft's initialisation and the data order."""
-    device: str = "auto"
-    """auto = CUDA when present, else CPU."""
     draft_overrides: dict[str, Any] = Field(default_factory=dict)
     """Draft config fields to override (intermediate_size, num_attention_heads, ...)."""
     ttt_feed: Literal["predicted", "data"] = "predicted"
@@ -352,11 +341,21 @@ class EvaluateConfig(StrictModel):
     """Draft tokens proposed per target forward (a chain, as SGLang's steps=3/draft=4)."""
     min_acceptance_length: float = Field(1.0, ge=0)
     """Gate: acceptance length (tokens per target forward) must reach this."""
-    device: str = "auto"
-    """auto = CUDA when present, else CPU."""
 
 
 # --------------------------------------------------------------------------- run
+
+
+class ComputeConfig(StrictModel):
+    """Where and how the models run, shared by every stage that runs one."""
+
+    device: str = "auto"
+    """auto = CUDA when present, else CPU; or cpu, cuda, cuda:1 (extract, train, evaluate)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Target compute dtype (extract, embedded server); hidden states are stored in bf16 either way. auto = bf16 on
+    CUDA or a CPU with native bf16, else fp32 (emulated bf16 on an AVX2-only CPU ran ~5x slower than fp32)."""
+    seed: int = 0
+    """Seed of the merge shuffle and split, the draft's initialisation and its batch order."""
 
 
 class OrchestrationConfig(StrictModel):
@@ -368,8 +367,6 @@ class OrchestrationConfig(StrictModel):
     """Address of an existing Dask scheduler or Ray cluster; None starts a local one."""
     schedule_cron: str | None = None
     """Cron schedule for `draftsmith deploy`; None registers without a schedule."""
-    force: list[str] = Field(default_factory=list)
-    """Stages to rerun even when their inputs and config are unchanged."""
 
 
 class RunConfig(StrictModel):
@@ -395,12 +392,30 @@ class RunConfig(StrictModel):
     """Stage 6: train the EAGLE-3 draft."""
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     """Stage 7: acceptance length of the draft on held-out prompts."""
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    """Device, dtype and seed shared by every stage that runs a model or shuffles."""
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
-    """Task runner, schedule and reruns."""
+    """Task runner and schedule."""
 
     @property
     def run_dir(self) -> Path:
         return self.runs_dir / self.name
+
+
+def config_fields(model: type[BaseModel] | None = None, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """Every config key as (dotted key, type, default, description), nested sections and list items included."""
+    rows = []
+    for name, field in (model or RunConfig).model_fields.items():
+        key, annotation = prefix + name, field.annotation
+        item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else None
+        section = next((t for t in (annotation, item) if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        if section is not None:
+            rows += config_fields(section, f"{key}[]." if section is item else f"{key}.")
+            continue
+        default = "required" if field.is_required() else json.dumps(field.get_default(call_default_factory=True), default=str)
+        shown = annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+        rows.append((key, shown.replace("pathlib.", ""), default, " ".join((field.description or "").split())))
+    return rows
 
 
 def format_validation_error(err: ValidationError, origin: str) -> str:

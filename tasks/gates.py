@@ -176,15 +176,9 @@ def publish(result: GateResult) -> None:
     )
 
 
-def enforce(
-    suite_name: str,
-    frame: pd.DataFrame,
-    id_column: str = "id",
-    parameters: dict[str, Any] | None = None,
-    directory: Path = EXPECTATIONS_DIR,
-) -> GateResult:
-    """Check, publish the report, and raise `GateError` if any expectation failed."""
-    result = check(suite_name, frame, id_column, parameters, directory)
+def enforce(suite_name: str, frame: pd.DataFrame, **options) -> GateResult:
+    """`check` (same options), publish the report, and raise `GateError` if any expectation failed."""
+    result = check(suite_name, frame, **options)
     publish(result)
     if not result.success:
         raise GateError(result)

@@ -74,8 +74,6 @@ def load_record(config: RunConfig, stage: str) -> dict | None:
 
 def current_summary(config: RunConfig, stage: str) -> dict | None:
     """The recorded summary when the stage is up to date, else None."""
-    if stage in config.orchestration.force:
-        return None
     record = load_record(config, stage)
     if record is None or record.get("key") != stage_key(config, stage):
         return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from tasks.config import RunConfig
 
@@ -56,11 +57,19 @@ STAGES: tuple[Stage, ...] = (
         ("validation-report",),
         "flows.validate:validate_flow",
     ),
-    Stage("merge", "merged", ("merge",), ("reconstruct", "validate"), "merged", ("merge-mix",), "flows.merge:merge_flow"),
+    Stage(
+        "merge",
+        "merged",
+        ("merge", "compute"),
+        ("reconstruct", "validate"),
+        "merged",
+        ("merge-mix",),
+        "flows.merge:merge_flow",
+    ),
     Stage(
         "extract",
         "hidden_states",
-        ("target", "extract"),
+        ("target", "extract", "compute"),
         ("merge",),
         "hidden_states",
         ("extract-summary",),
@@ -69,7 +78,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "train",
         "draft",
-        ("target", "train"),
+        ("target", "train", "compute"),
         ("extract", "merge"),
         "train",
         ("train-summary", "train-metrics", "train-curves"),
@@ -78,7 +87,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "evaluate",
         "eval",
-        ("target", "evaluate"),
+        ("target", "evaluate", "compute"),
         ("train", "merge"),
         "eval",
         ("eval-acceptance", "eval-histogram"),
@@ -87,6 +96,7 @@ STAGES: tuple[Stage, ...] = (
 )
 BY_NAME = {s.name: s for s in STAGES}
 STAGE_NAMES = tuple(BY_NAME)
+StageName = Literal[STAGE_NAMES]  # what a flow parameter naming stages accepts (the UI shows a choice)
 
 
 def stage(name: str) -> Stage:

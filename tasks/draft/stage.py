@@ -141,7 +141,10 @@ def stage_summary(config: RunConfig, trained: dict, gate: dict, export: str) -> 
 
 
 @task(name="train-draft")
-def train_task(config: RunConfig) -> dict:
+def train_task(config: RunConfig, force: bool = False) -> dict:
+    """Train (resuming from the last checkpoint; force: from scratch) and publish the curves."""
+    if force:  # without its key, the next run cannot match the checkpoints and starts over
+        (stage_dir(config, "train") / "train-key.json").unlink(missing_ok=True)
     summary = train_stage(config)
     publish_metrics(config)
     return summary

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from transformers import get_cosine_schedule_with_warmup
 
 from tasks.config import RunConfig, TargetConfig
 from tasks.draft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -71,14 +71,6 @@ def aux_layer_ids(config: RunConfig, num_layers: int) -> list[int]:
     return list(config.extract.aux_layer_ids or default_aux_layer_ids(num_layers))
 
 
-def cosine_schedule(step: int, warmup: int, total: int) -> float:
-    """LR multiplier: linear warmup to 1, then cosine down to 0 at `total`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 def prepare_vocab(config: RunConfig, rows, vocab_size: int, rank: int):
     """Build the draft vocab once (rank 0 writes it); later runs and other ranks reuse the same choice."""
     path = stage_dir(config, "train") / "vocab.safetensors"
@@ -92,9 +84,9 @@ def prepare_vocab(config: RunConfig, rows, vocab_size: int, rank: int):
 
 
 def build_draft(config: RunConfig, pieces: TargetPieces, vocab) -> Eagle3Draft:
-    """A fresh draft seeded by `train.seed`; lm_head starts from the target's rows of the draft vocab."""
+    """A fresh draft seeded by `compute.seed`; lm_head starts from the target's rows of the draft vocab."""
     cfg = DraftConfig.from_target(pieces.config, vocab.size, config.train.draft_overrides)
-    torch.manual_seed(config.train.seed)
+    torch.manual_seed(config.compute.seed)
     draft = Eagle3Draft(cfg, pieces.embed, vocab.d2t, vocab.t2d)
     if config.train.init_lm_head_from_target:
         with torch.no_grad():
@@ -109,7 +101,6 @@ RESUMABLE_FIELDS = {
     "keep_checkpoints",
     "processes",
     "threads_per_rank",
-    "device",
     "export_dtype",
     "export_engine",
 }
@@ -128,6 +119,7 @@ def reset_if_changed(config: RunConfig) -> None:
     out = stage_dir(config, "train")
     key = {k: v for k, v in config.train.model_dump(mode="json").items() if k not in RESUMABLE_FIELDS}
     key["target"] = config.target.model_dump(mode="json")
+    key["seed"] = config.compute.seed
     key["data"] = data_fingerprint(config)
     path = out / "train-key.json"
     if path.exists() and json.loads(path.read_text(encoding="utf-8")) == key:
@@ -161,7 +153,7 @@ def train_draft(
     """Train (or resume) to `train.max_steps`, or stop after `until_step`; returns a small summary."""
     tc = config.train
     out = stage_dir(config, "train")
-    device = _device(tc.device, rank)
+    device = _device(config.compute.device, rank)
     if rank == 0:
         reset_if_changed(config)
     if world > 1:
@@ -181,7 +173,7 @@ def train_draft(
 
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_schedule(s, tc.warmup_steps, tc.max_steps))
+    scheduler = get_cosine_schedule_with_warmup(optimizer, tc.warmup_steps, tc.max_steps)
     step, epoch, position = 0, 0, 0
     checkpoint = latest_checkpoint(out / "checkpoints")
     if checkpoint is not None:
@@ -201,7 +193,7 @@ def train_draft(
     tokens_before = records[-1]["tokens"] if records else 0
 
     while step < stop:
-        batches = plan_batches(lengths, tc.batch_tokens * world, tc.seed, epoch)
+        batches = plan_batches(lengths, tc.batch_tokens * world, config.compute.seed, epoch)
         if position >= len(batches):
             epoch, position = epoch + 1, 0
             continue
@@ -300,7 +292,7 @@ def main(argv: list[str]) -> None:
     config = RunConfig.model_validate_json(Path(argv[0]).read_text(encoding="utf-8"))
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     torch.set_num_threads(max(1, config.train.threads_per_rank))
-    random.seed(config.train.seed)
+    random.seed(config.compute.seed)
     if world > 1:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:

@@ -129,7 +129,7 @@ def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = Non
     from tasks.target.loader import pick_device
 
     export_dir = Path(export_dir or stage_dir(config, "train") / "export")
-    target = target if target is not None else shared_target(config.target).to(pick_device(config.evaluate.device))
+    target = target if target is not None else shared_target(config.target).to(pick_device(config.compute.device))
     device = next(target.parameters()).device
     draft = load_export(export_dir, target.get_input_embeddings().weight.detach()).to(device)
     _, layer_ids = read_export_config(export_dir)

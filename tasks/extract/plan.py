@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -13,8 +12,9 @@ from tasks.config import RunConfig
 from tasks.contracts import quarantine_row
 from tasks.extract.backend import TargetInfo, check_aux_layer_ids, default_aux_layer_ids
 from tasks.extract.batching import cut_shards, order_rows
-from tasks.extract.shards import remove_stale, shard_name
+from tasks.extract.shards import shard_name
 from tasks.extract.transformers_backend import resolve_dtype
+from tasks.sharded import Shard
 from tasks.stages import stage_dir
 from tasks.storage import read_table, write_table
 from tasks.target.loader import model_dir, pick_device
@@ -22,20 +22,6 @@ from tasks.target.loader import model_dir, pick_device
 STAGE = "extract"
 FORMAT_VERSION = 1  # bump when the bytes written for the same input change
 SPLITS = ("train", "eval")
-
-
-@dataclass(frozen=True)
-class ShardPlan:
-    """One shard's work: which input rows (a small Parquet in merged layout) and their fingerprint."""
-
-    name: str
-    input_path: str
-    rows: int
-    tokens: int
-    fingerprint: str
-
-    def record(self) -> dict:
-        return asdict(self)
 
 
 def read_target_info(config: RunConfig) -> TargetInfo:
@@ -105,18 +91,21 @@ def fingerprint(shard: pa.Table, settings: dict) -> str:
 
 def extraction_settings(config: RunConfig, info: TargetInfo) -> dict:
     """The settings that change stored bytes (the device does not pick the bytes, the dtype does)."""
-    device = pick_device(config.extract.device)
+    device = pick_device(config.compute.device)
     return {
         "format": FORMAT_VERSION,
         "target": config.target.model_dump(mode="json"),
         "aux_layer_ids": aux_layer_ids(config, info),
-        "dtype": resolve_dtype(config.extract.dtype, device),
+        "dtype": resolve_dtype(config.compute.dtype, device),
         "batch_tokens": config.extract.batch_tokens,
     }
 
 
-def plan_extract(config: RunConfig) -> list[ShardPlan]:
-    """Screen and order the merged rows, write each shard's input table, drop leftovers of older plans."""
+def plan_extract(config: RunConfig) -> list[Shard]:
+    """Screen and order the merged rows, write each shard's input table (plan/), drop inputs of older plans.
+
+    A shard's fingerprint covers its rows, in order, and the settings that change the stored bytes.
+    """
     out = stage_dir(config, "extract")
     info = read_target_info(config)
     merged = read_merged(config)
@@ -134,10 +123,8 @@ def plan_extract(config: RunConfig) -> list[ShardPlan]:
         name = shard_name(number)
         shard = rows.slice(positions[0], len(positions))
         path = write_table("merged", shard, out / "plan" / name.replace(".safetensors", ".parquet"))
-        tokens = sum(lengths[p] for p in positions)
-        plans.append(ShardPlan(name, str(path), len(positions), tokens, fingerprint(shard, settings)))
+        plans.append(Shard(name, str(path), (name,), fingerprint(shard, settings)))
     keep_names = {p.name for p in plans}
-    remove_stale(out, keep_names)
     for path in (out / "plan").glob("shard-*.parquet"):
         if path.stem + ".safetensors" not in keep_names:
             path.unlink()

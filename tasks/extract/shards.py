@@ -7,19 +7,15 @@ and the shard file has the recorded size. Both files are written atomically, the
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tasks.completions import remove_stale_markers
 from tasks.extract.backend import RowStates
 from tasks.storage import atomic_path
 from tasks.target.assets import sha256_of
-
-SHARD_RE = re.compile(r"^shard-\d{5}\.safetensors$")
 
 
 def shard_name(number: int) -> str:
@@ -49,17 +45,3 @@ def read_shard(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole shard: aux (T, 3*H) and final (T, H)."""
     with safe_open(str(path), framework="pt") as shard:
         return shard.get_tensor("aux"), shard.get_tensor("final")
-
-
-def remove_stale(directory: Path, keep: set[str]) -> list[str]:
-    """Delete shards/markers not in `keep` (left by a larger earlier input) and temp files of killed writes."""
-    directory = Path(directory)
-    removed = []
-    for path in sorted(directory.glob("shard-*.safetensors")):
-        if SHARD_RE.match(path.name) and path.name not in keep:
-            path.unlink()
-            removed.append(path.name)
-    remove_stale_markers(directory, keep)
-    for path in sorted(directory.glob(".shard-*.tmp")):
-        path.unlink(missing_ok=True)
-    return removed

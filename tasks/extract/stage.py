@@ -7,9 +7,6 @@ import threading
 import time
 from pathlib import Path
 
-from prefect import task
-
-from tasks.completions import finished, mark_done
 from tasks.config import RunConfig
 from tasks.extract.backend import (
     FINAL_CONVENTION,
@@ -18,10 +15,10 @@ from tasks.extract.backend import (
     layer_id_forms,
 )
 from tasks.extract.batching import pack_batches, padding_tokens
-from tasks.extract.plan import ShardPlan, aux_layer_ids, plan_extract, read_target_info
+from tasks.extract.plan import aux_layer_ids, plan_extract, read_target_info
 from tasks.extract.shards import write_shard
 from tasks.extract.transformers_backend import load_transformers_backend, resolve_dtype
-from tasks.failpoints import failpoint
+from tasks.sharded import Shard, ShardedStage
 from tasks.stages import stage_dir
 from tasks.storage import read_table, write_bytes_atomic, write_table
 from tasks.target.loader import pick_device
@@ -30,25 +27,32 @@ _backends: dict[str, HiddenStateBackend] = {}
 _backend_lock = threading.Lock()
 
 
+def backend_key(config: RunConfig) -> str:
+    loads = {"target": True, "compute": True, "extract": {"backend", "aux_layer_ids", "cpu_threads"}}
+    return json.dumps(config.model_dump(mode="json", include=loads), sort_keys=True)
+
+
+def use_backend(config: RunConfig, backend: HiddenStateBackend) -> None:
+    """Make shard tasks of this config use an already loaded backend (a model the caller holds)."""
+    with _backend_lock:
+        _backends[backend_key(config)] = backend
+
+
 def get_backend(config: RunConfig) -> HiddenStateBackend:
     """The configured backend, loaded once per process and shared by the shard tasks."""
-    key = json.dumps([config.target.model_dump(mode="json"), config.extract.model_dump(mode="json")])
+    key = backend_key(config)
     with _backend_lock:
         if key not in _backends:
             if config.extract.backend != "transformers":
                 raise ValueError(f"extract.backend={config.extract.backend!r} is not available")
-            _backends[key] = load_transformers_backend(config.target, config.extract)
+            _backends[key] = load_transformers_backend(config.target, config.extract, config.compute)
         return _backends[key]
 
 
-def extract_shard(config: RunConfig, plan: ShardPlan, backend: HiddenStateBackend | None = None) -> dict:
-    """Write one shard unless its marker says it is already done for this input; returns the marker."""
-    out = stage_dir(config, "extract")
-    done = finished(out, plan.name, plan.fingerprint)
-    if done is not None:
-        return done | {"skipped": True}
-    backend = backend or get_backend(config)
-    table = read_table("merged", Path(plan.input_path), columns=["id", "split", "input_ids"]).to_pylist()
+def build_shard(config: RunConfig, shard: Shard) -> dict:
+    """Run the target over one shard's rows, length-sorted into batches; returns where each row's states lie."""
+    backend = get_backend(config)
+    table = read_table("merged", Path(shard.source), columns=["id", "split", "input_ids"]).to_pylist()
     lengths = [len(r["input_ids"]) for r in table]
     batches = pack_batches(lengths, config.extract.batch_tokens)
     started = time.perf_counter()
@@ -56,28 +60,25 @@ def extract_shard(config: RunConfig, plan: ShardPlan, backend: HiddenStateBacken
     for batch in batches:
         states += backend.extract([table[i]["input_ids"] for i in batch])
     seconds = time.perf_counter() - started
-    written = write_shard(out / plan.name, states)
+    written = write_shard(stage_dir(config, "extract") / shard.name, states)
     offsets = [0]
     for n in lengths[:-1]:
         offsets.append(offsets[-1] + n)
-    marker = {
-        "shard": plan.name,
+    return {
+        "shard": shard.name,
         "rows": [[r["id"], r["split"], o, n] for r, o, n in zip(table, offsets, lengths, strict=True)],
         "batches": len(batches),
         "padding_tokens": padding_tokens(lengths, batches),
         "forward_seconds": round(seconds, 4),
         **written,
     }
-    marker = mark_done(out, plan.name, plan.fingerprint, [out / plan.name], marker)
-    failpoint("extract.shard")
-    return marker | {"skipped": False}
 
 
-def build_index(plans: list[ShardPlan], markers: list[dict]) -> list[dict]:
+def build_index(plans: list[Shard], markers: list[dict]) -> list[dict]:
     """One hidden_index row per stored row, with its ids and loss mask from the shard's input."""
     rows = []
     for plan, marker in zip(plans, markers, strict=True):
-        source = read_table("merged", Path(plan.input_path), columns=["id", "input_ids", "loss_mask"]).to_pylist()
+        source = read_table("merged", Path(plan.source), columns=["id", "input_ids", "loss_mask"]).to_pylist()
         by_id = {r["id"]: r for r in source}
         for rid, split, offset, length in marker["rows"]:
             src = by_id[rid]
@@ -95,7 +96,7 @@ def build_index(plans: list[ShardPlan], markers: list[dict]) -> list[dict]:
     return rows
 
 
-def finalize_extract(config: RunConfig, plans: list[ShardPlan], markers: list[dict]) -> dict:
+def finalize_extract(config: RunConfig, plans: list[Shard], markers: list[dict]) -> dict:
     """Write index.parquet and meta.json; return the run summary."""
     out = stage_dir(config, "extract")
     info = read_target_info(config)
@@ -120,7 +121,7 @@ def finalize_extract(config: RunConfig, plans: list[ShardPlan], markers: list[di
         "final": FINAL_CONVENTION,
         "tensors": {"aux": f"[T, {3 * info.hidden_size}]", "final": f"[T, {info.hidden_size}]"},
         "dtype": "bfloat16",
-        "compute_dtype": resolve_dtype(config.extract.dtype, pick_device(config.extract.device)),
+        "compute_dtype": resolve_dtype(config.compute.dtype, pick_device(config.compute.device)),
         "rows": len(index),
         "tokens": tokens,
         "bytes_per_token": round(size / tokens, 3) if tokens else None,
@@ -149,32 +150,10 @@ def finalize_extract(config: RunConfig, plans: list[ShardPlan], markers: list[di
     }
 
 
-def run_extract(config: RunConfig, backend: HiddenStateBackend | None = None) -> dict:
-    """Plan, extract every shard not already done, then index; the whole stage without Prefect."""
-    plans = plan_extract(config)
-    markers = [extract_shard(config, plan, backend) for plan in plans]
-    return finalize_extract(config, plans, markers)
-
-
 def summary_markdown(summary: dict) -> str:
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items() if k not in ("hidden_states", "index"))
     return f"# Extract: hidden states\n\n`{summary['hidden_states']}`\n\n| measure | value |\n|---|---|\n{rows}"
 
 
-@task(name="extract-plan")
-def plan_task(config: RunConfig) -> list[dict]:
-    return [p.record() for p in plan_extract(config)]
-
-
-@task(name="extract-shard", task_run_name="extract-{plan[name]}")
-def extract_shard_task(config: RunConfig, plan: dict) -> dict:
-    return extract_shard(config, ShardPlan(**plan))
-
-
-@task(name="extract-index")
-def finalize_task(config: RunConfig, plans: list[dict], markers: list[dict]) -> dict:
-    from prefect.artifacts import create_markdown_artifact
-
-    summary = finalize_extract(config, [ShardPlan(**p) for p in plans], markers)
-    create_markdown_artifact(key="extract-summary", markdown=summary_markdown(summary), description="Extract stage")
-    return summary
+EXTRACT = ShardedStage("extract", plan_extract, build_shard, finalize_extract, summary_markdown, ("shard-*.safetensors",))
+TASKS = EXTRACT.tasks()

@@ -6,7 +6,7 @@ import threading
 
 import torch
 
-from tasks.config import ExtractConfig, TargetConfig
+from tasks.config import ComputeConfig, ExtractConfig, TargetConfig
 from tasks.extract.backend import RowStates, TargetInfo, check_aux_layer_ids, default_aux_layer_ids
 from tasks.target.loader import load_model, pick_device, resolve_dtype
 
@@ -84,11 +84,11 @@ class TransformersBackend:
         return [RowStates(aux=aux[b, :n], final=final[b, :n]) for b, n in enumerate(lengths)]
 
 
-def load_transformers_backend(target: TargetConfig, extract: ExtractConfig) -> TransformersBackend:
+def load_transformers_backend(target: TargetConfig, extract: ExtractConfig, compute: ComputeConfig) -> TransformersBackend:
     """Load the target with the configured dtype on the configured (or automatic) device."""
-    device = pick_device(extract.device)
+    device = pick_device(compute.device)
     if device == "cpu" and extract.cpu_threads is not None:
         torch.set_num_threads(extract.cpu_threads)
-    dtype = resolve_dtype(extract.dtype, device)
+    dtype = resolve_dtype(compute.dtype, device)
     model = load_model(target, dtype=dtype, device=device)
     return TransformersBackend(model, extract.aux_layer_ids, name=target.model)

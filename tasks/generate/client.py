@@ -205,6 +205,8 @@ class ChatClient:
             self._free.append(lane)
 
     async def complete(self, prompt: dict) -> dict:
+        # The loop is written out, not tenacity/stamina: an attempt's outcome is a reply (often inside a 200),
+        # a stop (402), a permanent or a retryable failure, and the last one becomes the journal record.
         body = self.body(prompt)
         kind, detail, status = "", "", None
         for attempt in range(self.api.max_retries + 1):

@@ -132,14 +132,17 @@ def write_outputs(
     return rows, failures, quarantine
 
 
-def run_generate(config: RunConfig) -> dict:
-    """Generate every prompt the journal lacks; returns paths and counts."""
+def run_generate(config: RunConfig, force: bool = False) -> dict:
+    """Generate every prompt the journal lacks (force: also those that failed for good); returns paths and counts.
+
+    A reply already in the journal is never asked for again.
+    """
     gen = config.generate
     gen_dir = stage_dir(config, "generate")
     journal_path = gen_dir / "journal.jsonl"
     loaded = load_sources(gen.sources)
     state = read_journal(journal_path, repair=True)
-    settled = state.settled
+    settled = set(state.done) if force else state.settled
     pending = [p for p in loaded.rows if p["id"] not in settled]
     log.info(
         "generate: %d prompts, %d already in the journal, %d to request",
@@ -194,7 +197,7 @@ async def _request_all(
 
 
 @task(name="generate", retries=1, retry_delay_seconds=10)
-def generate_task(config: RunConfig) -> dict:
+def generate_task(config: RunConfig, force: bool = False) -> dict:
     """Prefect task around `run_generate`; a retry resumes from the journal, never repeats a reply."""
     failpoint("generate.task")
-    return run_generate(config)
+    return run_generate(config, force)

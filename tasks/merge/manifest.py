@@ -21,9 +21,9 @@ QUARANTINE = "quarantine.parquet"
 OUTPUT_NEUTRAL = {"memory_budget_mb", "share_tolerance"}
 
 
-def config_hash(merge: MergeConfig, sources: list[MergeSourceConfig]) -> str:
-    """sha256 of everything that decides the output: the merge settings, resolved sources, version."""
-    settings = merge.model_dump(mode="json", exclude=OUTPUT_NEUTRAL | {"sources"})
+def config_hash(merge: MergeConfig, seed: int, sources: list[MergeSourceConfig]) -> str:
+    """sha256 of everything that decides the output: the merge settings and seed, resolved sources, version."""
+    settings = merge.model_dump(mode="json", exclude=OUTPUT_NEUTRAL | {"sources"}) | {"seed": seed}
     payload = {
         "settings": settings,
         "sources": [s.model_dump(mode="json") for s in sources],

@@ -46,21 +46,21 @@ class MergeBudgetError(MemoryError):
     """The configured memory budget cannot hold the merge's per-row index."""
 
 
-def run_merge(config: RunConfig) -> dict:
+def run_merge(config: RunConfig, force: bool = False) -> dict:
     """Merge, dedup, mix and split the reconstructed sources into `run_dir/merged/`; a no-op when
-    the inputs and config are unchanged. Returns a small summary (paths and counts)."""
+    the inputs and config are unchanged (unless forced). Returns a small summary (paths and counts)."""
     target = stage_dir(config, "merge")
     sources, dirs = resolve_sources(config)
     inputs = fingerprint_inputs(dirs)
-    key = fingerprint(config_hash(config.merge, sources), inputs)
+    key = fingerprint(config_hash(config.merge, config.compute.seed, sources), inputs)
     existing = read_manifest(target)
-    if "merge" not in config.orchestration.force and is_current(existing, target, key):
+    if not force and is_current(existing, target, key):
         return summarise(existing, target, skipped=True)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     clear_staging(target)
     staging = Path(tempfile.mkdtemp(prefix=staging_prefix(target), dir=config.run_dir))
     try:
-        manifest = build_merged(staging, config.merge, sources, dirs)
+        manifest = build_merged(staging, config.merge, config.compute.seed, sources, dirs)
         manifest |= {"fingerprint": key, "inputs": inputs}
         write_manifest(staging, manifest)
         failpoint("merge.publish")
@@ -98,8 +98,8 @@ def input_size(dirs: list[InputDir]) -> tuple[int, int]:
     return rows, rows * max(1, head.nbytes // max(1, head.num_rows))
 
 
-def build_merged(staging: Path, merge: MergeConfig, sources: list[MergeSourceConfig], dirs: list[InputDir]) -> dict:
-    """Write train/eval shards and quarantine into `staging`; return the manifest body."""
+def build_merged(staging: Path, merge: MergeConfig, seed: int, sources: list[MergeSourceConfig], dirs: list[InputDir]) -> dict:
+    """Write train/eval shards and quarantine into `staging` (shuffle and split by `seed`); return the manifest body."""
     budget = merge.memory_budget_mb * MIB
     rows, size = input_size(dirs)
     if rows * INDEX_BYTES_PER_ROW > budget // 2:
@@ -112,9 +112,7 @@ def build_merged(staging: Path, merge: MergeConfig, sources: list[MergeSourceCon
     buckets = BucketStore(staging / ".buckets", bucket_count(size, int(budget * BUCKET_SHARE)))
     quarantine = pq.ParquetWriter(staging / QUARANTINE, schema("quarantine"), compression="zstd")
     try:
-        index = scan_inputs(
-            dirs, sources, merge.seed, batch_rows, buckets, lambda r: quarantine.write_table(to_table("quarantine", r))
-        )
+        index = scan_inputs(dirs, sources, seed, batch_rows, buckets, lambda r: quarantine.write_table(to_table("quarantine", r)))
         buckets.close()
         columns = index.columns()
         reasons = columns["reasons"]
@@ -132,7 +130,7 @@ def build_merged(staging: Path, merge: MergeConfig, sources: list[MergeSourceCon
     finally:
         quarantine.close()
     shard_files = _write_shards(staging, buckets, split, merge.rows_per_shard, [s.name for s in sources])
-    return _manifest(merge, sources, plans, index, columns, split, shard_files)
+    return _manifest(merge, seed, sources, plans, index, columns, split, shard_files)
 
 
 def _write_shards(staging: Path, buckets: BucketStore, split: np.ndarray, rows_per_shard: int, names: list[str]):
@@ -208,7 +206,7 @@ def _quarantine_not_drawn(quarantine, not_drawn, ids: pa.ChunkedArray, source_in
         _write_records(quarantine, records)
 
 
-def _manifest(merge, sources, plans, index: ScanIndex, columns, split, shard_files) -> dict:
+def _manifest(merge, seed, sources, plans, index: ScanIndex, columns, split, shard_files) -> dict:
     source_index, reasons, tokens = columns["source_index"], columns["reasons"], columns["num_tokens"]
     n = len(sources)
     drops: dict[str, dict[str, int]] = {}
@@ -235,8 +233,8 @@ def _manifest(merge, sources, plans, index: ScanIndex, columns, split, shard_fil
     expected_eval = int(merge.eval_size) if merge.eval_size >= 1 else sum(p.eval_rows for p in plans)
     return {
         "draftsmith_version": tasks.__version__,
-        "config": merge.model_dump(mode="json"),
-        "config_hash": config_hash(merge, sources),
+        "config": merge.model_dump(mode="json") | {"seed": seed},
+        "config_hash": config_hash(merge, seed, sources),
         "sources": [s.model_dump(mode="json") for s in sources],
         "prompt_normalisation": NORMALISATION,
         "rows": {

@@ -15,9 +15,9 @@ from tasks.stages import stage_dir
 
 # No Prefect cache: the manifest fingerprint covers input contents, which task inputs (a config) cannot.
 @task(name="merge-sources", persist_result=False)
-def merge_task(config: RunConfig) -> dict:
+def merge_task(config: RunConfig, force: bool = False) -> dict:
     """Run the merge (or find it current) and publish the mix and drops table as an artifact."""
-    summary = run_merge(config)
+    summary = run_merge(config, force)
     report = render_report(read_manifest(stage_dir(config, "merge")))
     create_markdown_artifact(key="merge-mix", markdown=report, description="Merge: requested vs realised mix, drops")
     return summary

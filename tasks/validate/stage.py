@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 from prefect import task
 
-from tasks.completions import file_fingerprint, fingerprint, finished, mark_done, remove_stale_markers
+from tasks.completions import file_fingerprint, fingerprint
 from tasks.config import RunConfig
-from tasks.failpoints import failpoint
 from tasks.gates import enforce
 from tasks.reconstruct.methods import truth_ids
+from tasks.sharded import Shard, ShardedStage
 from tasks.stages import stage_dir
 from tasks.storage import atomic_path, read_table, write_table
 from tasks.target.chat import resolve_end_of_turn
@@ -65,12 +65,13 @@ def with_logprob_truth(generation: dict, rebuilt: dict) -> dict:
     return {**generation, "prompt_token_ids": ids[: trained[0]].tolist(), "token_ids": ids[trained[0] : trained[-1] + 1].tolist()}
 
 
-def validate_part(config: RunConfig, part: Path) -> dict:
+def build_part(config: RunConfig, part: Shard) -> dict:
     """Check (and simulate) the rows of one reconstructed part; writes validation/<same name>."""
     tokenizer = load_tokenizer(config.target)
     end_of_turn = resolve_end_of_turn(tokenizer, config.target)
     context = config.validation.context_tokens
-    rebuilt = read_table("reconstructed", part, columns=["id", "source", "input_ids", "loss_mask", "method", "round_trip"])
+    columns = ["id", "source", "input_ids", "loss_mask", "method", "round_trip"]
+    rebuilt = read_table("reconstructed", Path(part.source), columns=columns)
     truth_rows = load_truth(config, set(rebuilt.column("id").to_pylist()))
     records, playable = [], []
     for row in rebuilt.to_pylist():
@@ -89,51 +90,32 @@ def validate_part(config: RunConfig, part: Path) -> dict:
     if config.validation.simulate:
         for generation, verdict in simulate_rows(tokenizer, playable, config.target, end_of_turn, context):
             records.append(_record(generation["id"], generation["source"], "reencode", "simulate", verdict, True))
-    output = stage_dir(config, "validate") / part.name
-    write_table("validation", records, output)
-    mark_done(stage_dir(config, "validate"), part.name, part_fingerprint(config, part), [output], {"rows": len(records)})
-    failpoint("validate.part")
-    return {"output": str(output), "rows": len(records), "skipped": False}
+    write_table("validation", records, stage_dir(config, "validate") / part.name)
+    return {"rows": len(records)}
 
 
-def remove_stale(config: RunConfig, parts: list[Path]) -> None:
-    keep = {p.name for p in parts}
-    for path in stage_dir(config, "validate").glob("part-*.parquet"):
-        if path.name not in keep:
-            path.unlink()
-    remove_stale_markers(stage_dir(config, "validate"), keep)
-
-
-def part_fingerprint(config: RunConfig, part: Path) -> str:
-    """A part's verdicts depend on it, on the generations (the truth), the target and the validation options."""
+def plan_parts(config: RunConfig) -> list[Shard]:
+    """One shard per reconstructed part. Its verdicts depend on it, on the generations (the truth), the
+    target and the validation options."""
     truth = [file_fingerprint(p) for p in sorted(stage_dir(config, "generate").glob("part-*.parquet"))]
     options = config.validation.model_dump(mode="json", include={"context_tokens", "simulate"})
-    return fingerprint(file_fingerprint(part), truth, config.target.model_dump(mode="json"), options)
+    target = config.target.model_dump(mode="json")
+    return [
+        Shard(part.name, str(part), (part.name,), fingerprint(file_fingerprint(part), truth, target, options))
+        for part in sorted(stage_dir(config, "reconstruct").glob("part-*.parquet"))
+    ]
 
 
-def finished_part(config: RunConfig, part: Path) -> dict | None:
-    """The part's completion marker when its output is current, else None (forced parts never are)."""
-    if "validate" in config.orchestration.force:
-        return None
-    return finished(stage_dir(config, "validate"), part.name, part_fingerprint(config, part))
-
-
-def plan_parts(config: RunConfig) -> list[Path]:
-    return sorted(stage_dir(config, "reconstruct").glob("part-*.parquet"))
-
-
-def summarize(config: RunConfig, parts: list[Path]) -> dict:
+def summarize(config: RunConfig, parts: list[Shard], markers: list[dict]) -> dict:
     """Rates table and markdown report from every validation part; returns paths, counts and the report."""
-    remove_stale(config, parts)
     rows = read_table("validation", stage_dir(config, "validate")).to_pandas()
     rates = rates_frame(rows)
     rates_path = stage_dir(config, "validate") / "rates.parquet"
     with atomic_path(rates_path) as tmp:
         rates.to_parquet(tmp, index=False)
-    markdown = report_markdown(rates, rows, config.validation.examples)
     report_path = stage_dir(config, "validate") / "report.md"
     with atomic_path(report_path) as tmp:
-        tmp.write_text(markdown, encoding="utf-8")
+        tmp.write_text(report_markdown(rates, rows, config.validation.examples), encoding="utf-8")
     check = rates[rates["mode"] == "check"]
     return {
         "validation": str(stage_dir(config, "validate")),
@@ -141,7 +123,6 @@ def summarize(config: RunConfig, parts: list[Path]) -> dict:
         "report": str(report_path),
         "rows": int(check["rows"].sum()),
         "classes": {k: int(check[k].sum()) for k in ("exact", "bpe_only", "semantic", "unverified")},
-        "markdown": markdown,
     }
 
 
@@ -179,37 +160,15 @@ def gate_parameters(config: RunConfig) -> dict:
     }
 
 
-def run_validate(config: RunConfig) -> dict:
-    """The whole stage in-process, part by part (the flow runs the same parts as tasks and gates them)."""
-    parts = plan_parts(config)
-    for part in parts:
-        if finished_part(config, part) is None:
-            validate_part(config, part)
-    return summarize(config, parts)
-
-
-@task(name="validate-finalize", persist_result=False)
-def finalize_task(config: RunConfig, parts: list[Path]) -> dict:
-    """Rates and the report over every part; the report is published as `validation-report`."""
-    from prefect.artifacts import create_markdown_artifact
-
-    summary = summarize(config, parts)
-    create_markdown_artifact(
-        key="validation-report", markdown=summary.pop("markdown"), description="Validation rates and examples"
-    )
-    return summary
-
-
 @task(name="gate-validation", persist_result=False)
 def gate_task(config: RunConfig) -> int:
     """Gate each source's check and simulate rates and its verified share; returns the sources checked."""
     return enforce("validation", gate_frame(config), id_column="source", parameters=gate_parameters(config)).rows
 
 
-@task(name="validate-part", task_run_name="validate-{part.name}", persist_result=False)
-def validate_part_task(config: RunConfig, part: Path) -> dict:
-    """One reconstructed part as a Prefect task; done parts are skipped by their completion marker."""
-    done = finished_part(config, part)
-    if done is not None:
-        return {"output": str(stage_dir(config, "validate") / part.name), "rows": done["rows"], "skipped": True}
-    return validate_part(config, part)
+def report(summary: dict) -> str:
+    return Path(summary["report"]).read_text(encoding="utf-8")
+
+
+VALIDATE = ShardedStage("validate", plan_parts, build_part, summarize, report, ("part-*.parquet",))
+TASKS = VALIDATE.tasks()

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from tasks.config import ExtractConfig, RunConfig
+from tasks.config import ComputeConfig, ExtractConfig, RunConfig
 from tasks.storage import read_table
 from tests.tasks.extract_inputs import write_merged
 
@@ -16,7 +16,12 @@ torch.set_num_threads(1)
 def test_extract_flow_writes_gated_hidden_states(prefect_harness, tmp_path, demo_tokenizer):
     from flows.extract import extract_flow
 
-    config = RunConfig(name="flow", runs_dir=tmp_path, extract=ExtractConfig(dtype="float32", shard_tokens=150, cpu_threads=1))
+    config = RunConfig(
+        name="flow",
+        runs_dir=tmp_path,
+        extract=ExtractConfig(shard_tokens=150, cpu_threads=1),
+        compute=ComputeConfig(dtype="float32"),
+    )
     rows = write_merged(config.run_dir, demo_tokenizer, train=4, eval_=2)
     summary = extract_flow(config)
     assert summary["rows"] == 6 and summary["shards"] >= 2 and summary["gate"]["rows"] == 6

@@ -44,7 +44,7 @@ def test_parent_subflows_tasks_and_artifacts_are_recorded(tiny_run, prefect_serv
     # Shard tasks are named by what they cover; the others get Prefect's short suffix.
     for prefix in (
         "generate-",
-        "reconstruct-rows-0-",
+        "reconstruct-part-00000-0000",
         "validate-part-00000",
         "extract-shard-00000",
         "train-draft-",

@@ -22,7 +22,7 @@ from tests.support.faults import CannedServer, canned_reply
 CHAIN = [
     ("generate", "generate.journal"),
     ("reconstruct", "reconstruct.shard"),
-    ("validate", "validate.part"),
+    ("validate", "validate.shard"),
     ("merge", "merge.publish"),
     ("extract", "extract.shard"),
     ("train", "train.checkpoint"),

@@ -15,10 +15,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tasks.completions import marker_path
-from tasks.config import ExtractConfig, RunConfig
+from tasks.config import ComputeConfig, ExtractConfig, RunConfig
 from tasks.extract.checks import gate_extract
 from tasks.extract.shards import read_rows
-from tasks.extract.stage import run_extract
+from tasks.extract.stage import EXTRACT, use_backend
 from tasks.extract.transformers_backend import TransformersBackend
 from tasks.gates import GateError
 from tasks.prefect_env import PROJECT_ROOT
@@ -32,7 +32,10 @@ H = 576
 def small_config(runs_dir: Path, name: str) -> RunConfig:
     # fp32 compute so a fresh forward pass is a tight reference; small shards so a run has several.
     return RunConfig(
-        name=name, runs_dir=runs_dir, extract=ExtractConfig(dtype="float32", shard_tokens=200, batch_tokens=256, cpu_threads=1)
+        name=name,
+        runs_dir=runs_dir,
+        extract=ExtractConfig(shard_tokens=200, batch_tokens=256, cpu_threads=1),
+        compute=ComputeConfig(dtype="float32"),
     )
 
 
@@ -46,7 +49,8 @@ def reference(tmp_path_factory, demo_tokenizer, backend):
     """One uninterrupted run over 8 train + 2 eval rows."""
     config = small_config(tmp_path_factory.mktemp("runs"), "reference")
     rows = write_merged(config.run_dir, demo_tokenizer, train=8, eval_=2)
-    summary = run_extract(config, backend)
+    use_backend(config, backend)
+    summary = EXTRACT.run(config)
     return config, rows, summary
 
 
@@ -103,7 +107,8 @@ def test_saved_states_equal_a_fresh_forward_pass(reference, demo_model):
 def test_rerun_skips_every_shard_and_gate_passes(reference, backend):
     config, _, _ = reference
     before = shard_bytes(config)
-    summary = run_extract(config, backend)
+    use_backend(config, backend)
+    summary = EXTRACT.run(config)
     assert summary["shards_skipped"] == summary["shards"] and summary["tokens_this_run"] == 0
     assert shard_bytes(config) == before
     result = gate_extract(config)
@@ -116,8 +121,8 @@ def test_resume_after_sigkill_is_byte_identical(reference, tmp_path, backend):
     write_table("merged", [r for r in rows if r["split"] == "train"], config.run_dir / "merged/train/part-00000.parquet")
     write_table("merged", [r for r in rows if r["split"] == "eval"], config.run_dir / "merged/eval/part-00000.parquet")
     script = (
-        "import sys; from tasks.config import RunConfig; from tasks.extract.stage import run_extract; "
-        "run_extract(RunConfig.model_validate_json(sys.argv[1]))"
+        "import sys; from tasks.config import RunConfig; from tasks.extract.stage import EXTRACT; "
+        "EXTRACT.run(RunConfig.model_validate_json(sys.argv[1]))"
     )
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     proc = subprocess.Popen(
@@ -140,7 +145,8 @@ def test_resume_after_sigkill_is_byte_identical(reference, tmp_path, backend):
     last = f"shard-{ref_summary['shards'] - 1:05d}.safetensors"
     (out / last).write_bytes(b"\x00" * 100)
     (out / f".{last}.abc123.tmp").write_bytes(b"partial")
-    summary = run_extract(config, backend)
+    use_backend(config, backend)
+    summary = EXTRACT.run(config)
     assert summary["shards_skipped"] == len(done)
     assert shard_bytes(config) == shard_bytes(ref_config)
     assert not list(out.glob(".*.tmp"))
@@ -174,7 +180,8 @@ def test_bad_rows_are_quarantined_and_still_accounted(tmp_path, demo_tokenizer, 
     out_of_vocab = chat_row(demo_tokenizer, 4, "train")
     out_of_vocab["input_ids"] = out_of_vocab["input_ids"][:-1] + [60_000]
     write_table("merged", good + [short_mask, out_of_vocab], config.run_dir / "merged/train/part-00000.parquet")
-    summary = run_extract(config, backend)
+    use_backend(config, backend)
+    summary = EXTRACT.run(config)
     assert summary["rows"] == 3 and summary["quarantined"] == 2
     quarantine = read_table("quarantine", config.run_dir / "hidden_states/quarantine.parquet").to_pylist()
     reasons = {r["id"]: r["reason"] for r in quarantine}

@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.config import MergeConfig, MergeSourceConfig, OrchestrationConfig, RunConfig
+from tasks.config import ComputeConfig, MergeConfig, MergeSourceConfig, RunConfig
 from tasks.gates import GateError
 from tasks.merge.gate import gate_merged
 from tasks.merge.sources import MergeInputError
@@ -65,8 +65,8 @@ def plain_sources(tokenizer, counts: dict[str, int]) -> list[dict]:
     return [make_row(tokenizer, source, i) for source, n in counts.items() for i in range(n)]
 
 
-def config_for(tmp_path: Path, name: str = "run", **merge) -> RunConfig:
-    return RunConfig(name=name, runs_dir=tmp_path, merge=MergeConfig(**merge))
+def config_for(tmp_path: Path, name: str = "run", seed: int = 0, **merge) -> RunConfig:
+    return RunConfig(name=name, runs_dir=tmp_path, merge=MergeConfig(**merge), compute=ComputeConfig(seed=seed))
 
 
 def merged(config: RunConfig) -> pd.DataFrame:
@@ -247,8 +247,7 @@ def test_rerun_is_a_no_op_until_inputs_change(tmp_path, demo_tokenizer):
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()} == before
     assert not [p for p in config.run_dir.iterdir() if p.name.startswith(".")]
 
-    forced = config.model_copy(update={"orchestration": OrchestrationConfig(force=["merge"])})
-    assert run_merge(forced)["skipped"] is False
+    assert run_merge(config, force=True)["skipped"] is False
     write_rows(config.run_dir, rows + [make_row(demo_tokenizer, "code", 99)])
     summary = run_merge(config)
     assert summary["skipped"] is False and summary["train_rows"] + summary["eval_rows"] == 41

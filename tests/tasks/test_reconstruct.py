@@ -9,7 +9,7 @@ import pytest
 
 from tasks.config import ReconstructConfig, RunConfig, TargetConfig
 from tasks.reconstruct.rebuild import rebuild_rows
-from tasks.reconstruct.stage import plan_shards, run_reconstruct
+from tasks.reconstruct.stage import RECONSTRUCT, plan_shards
 from tasks.storage import read_table, write_table
 from tasks.target.chat import resolve_end_of_turn
 from tasks.target.tokens import TokenResolutionError
@@ -135,13 +135,13 @@ def test_stage_writes_shards_and_quarantine_and_resumes(tmp_path, demo_tokenizer
         [{**r, "source": r.get("source") or "hand"} for r in rows],
         config.run_dir / "generations" / "part-00000.parquet",
     )
-    first = run_reconstruct(config)
+    first = RECONSTRUCT.run(config)
     assert (first["rows"], first["quarantined"], first["shards"]) == (len(sampled_generations), 1, 2)
     assert first["methods"] == {"server_ids": len(sampled_generations)}
     table = read_table("reconstructed", config.run_dir / "reconstructed")
     assert table.num_rows == len(sampled_generations)
     assert [s.start for s in plan_shards(config)] == [0, 4]
-    again = run_reconstruct(config)
+    again = RECONSTRUCT.run(config)
     assert again["shards_skipped"] == 2 and again["rows"] == first["rows"]
     quarantine = read_table("quarantine", config.run_dir / "reconstructed" / "quarantine.parquet").to_pylist()
     assert [(q["id"], q["reason"]) for q in quarantine] == [("bad", "bad_json")]

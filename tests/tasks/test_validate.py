@@ -10,14 +10,14 @@ import pytest
 
 from tasks.config import ReconstructConfig, RunConfig, TargetConfig, ValidationConfig
 from tasks.gates import GateError, enforce
-from tasks.reconstruct.stage import run_reconstruct
+from tasks.reconstruct.stage import RECONSTRUCT
 from tasks.storage import read_table, write_table
 from tasks.target.chat import resolve_end_of_turn
 from tasks.target.formats import CHATML
 from tasks.validate.classify import classify_ids, first_divergence, through_turn_end
 from tasks.validate.report import rates_frame
 from tasks.validate.simulate import simulate_rows
-from tasks.validate.stage import gate_frame, gate_parameters, run_validate
+from tasks.validate.stage import VALIDATE, gate_frame, gate_parameters
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -107,8 +107,8 @@ def validated(tmp_path_factory, sampled_generations):
         "finish_reason": "stop",
     }
     write_table("generations", [*sampled_generations, plain], config.run_dir / "generations" / "part-00000.parquet")
-    run_reconstruct(config)
-    return config, run_validate(config)
+    RECONSTRUCT.run(config)
+    return config, VALIDATE.run(config)
 
 
 def test_stage_writes_one_check_row_per_rebuilt_row(validated, sampled_generations):

@@ -16,7 +16,7 @@ def main() -> None:
     args = parser.parse_args()
     config = load_config(args.config)
     server = config.generate.embedded
-    serve(config, args.port, server.threads, server.max_batch, server.dtype)
+    serve(config, args.port, server.threads, server.max_batch, config.compute.dtype)
 
 
 if __name__ == "__main__":
