@@ -26,15 +26,15 @@ def test_train_then_evaluate_flows(prefect_harness, tmp_path, demo_tokenizer, de
                 "batch_tokens": 256,
                 "lr": 3e-3,
                 "warmup_steps": 1,
-                "max_steps": 6,
-                "checkpoint_every": 3,
+                "max_steps": 8,
+                "checkpoint_every": 4,
                 "draft_overrides": {"intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1},
             },
             "evaluate": {"num_prompts": 1, "max_new_tokens": 8, "num_draft_tokens": 2, "min_acceptance_length": 1.0},
         }
     )
     trained = train_flow(config)
-    assert trained["steps"] == 6
+    assert trained["steps"] == 8
     exported = json.loads((config.run_dir / "draft" / "export" / "config.json").read_text())
     assert exported["architectures"] == ["LlamaForCausalLMEagle3"]
     evaluated = evaluate_flow(config)
