@@ -179,11 +179,36 @@ class GenerateConfig(StrictModel):
 # --------------------------------------------------------------------------- reconstruct / validate
 
 
+class GuidedConfig(StrictModel):
+    """The `guided` method: re-split text-only replies to the target's own tokenization, by its likelihood."""
+
+    margin_nats: float = Field(0.5, ge=0)
+    """An edit is kept when it raises the log-likelihood of its span and window by more than this."""
+    candidate_nats: float = Field(2.0, gt=0)
+    """A token is tried where the target rates it at most this far below the current token (log-prob)..."""
+    min_logprob: float = Field(-4.0, le=0)
+    """...and only where it rates the token at least this log-probability (most positions have no such rival)."""
+    window: int = Field(4, ge=0)
+    """Tokens after an edit scored with it (where a different boundary shows its effect)."""
+    retry_nats: float = Field(4.0, ge=0)
+    """After an edit, an edit elsewhere that fell this far short of the margin last round is not scored again."""
+    ends: int = Field(2, gt=0)
+    """Where an edit may end: the first `ends` boundaries of the current ids after its first token."""
+    max_rounds: int = Field(8, gt=0)
+    """Search budget: rounds of one forward pass plus one batched pass over the edits (an edit can make the
+    next one likely: rows of list items change one item per round)."""
+    batch_rows: int = Field(8, gt=0)
+    """Rows per forward pass."""
+    batch_edits: int = Field(32, gt=0)
+    """Edits scored per forward pass over the cache."""
+
+
 class ReconstructConfig(StrictModel):
-    methods: list[Literal["server_ids", "logprobs", "reencode"]] = Field(
+    methods: list[Literal["server_ids", "logprobs", "reencode", "guided"]] = Field(
         default_factory=lambda: ["server_ids", "logprobs", "reencode"]
     )
-    """Methods tried in order; a row uses the first one its data allows."""
+    """Methods tried in order; a row uses the first one its data allows. For text-only rows: `reencode` (one pass,
+    canonical boundaries) or `guided` (re-split to the target's own tokenization by its likelihood; needs its weights)."""
     shard_rows: int = Field(5000, gt=0)
     """Rows per worker shard (Prefect task); coarse shards keep orchestration overhead small."""
     pipeline_rows: int = Field(1000, gt=0)
@@ -192,6 +217,15 @@ class ReconstructConfig(StrictModel):
     """Threads encoding chunks at once (the tokenizer releases the GIL): about the cores a shard may use."""
     echoed_reasoning: Literal["quarantine", "strip"] = "quarantine"
     """Reasoning that a provider also copied into the content: refuse the row, or drop the copy."""
+    guided: GuidedConfig = Field(default_factory=GuidedConfig)
+    """Settings of the `guided` method."""
+
+    @field_validator("methods")
+    @classmethod
+    def _one_text_method(cls, methods: list[str]) -> list[str]:
+        if "reencode" in methods and "guided" in methods:
+            raise ValueError("reencode and guided both rebuild text-only rows: list one of them")
+        return methods
 
 
 class ValidationConfig(StrictModel):

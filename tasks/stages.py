@@ -42,7 +42,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "reconstruct",
         "reconstructed",
-        ("target", "reconstruct"),
+        ("target", "reconstruct", "compute"),
         ("generate",),
         "reconstructed",
         ("reconstruct-summary",),

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from transformers import get_cosine_schedule_with_warmup
 
-from tasks.config import RunConfig, TargetConfig
+from tasks.config import RunConfig
 from tasks.draft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from tasks.draft.data import OfflineSource, OnlineSource, collate, plan_batches, rank_slice, read_meta
 from tasks.draft.model import DraftConfig, Eagle3Draft
@@ -30,6 +30,7 @@ from tasks.extract.backend import default_aux_layer_ids
 from tasks.failpoints import failpoint
 from tasks.stages import stage_dir
 from tasks.storage import atomic_path
+from tasks.target.loader import shared_model
 
 
 @dataclass
@@ -42,21 +43,8 @@ class TargetPieces:
     model: object | None = None
 
 
-_targets: dict[str, object] = {}
-
-
-def shared_target(target: TargetConfig):
-    """The fp32 target on CPU, loaded once per process: train and evaluate in one pipeline share it."""
-    from tasks.target.loader import load_model
-
-    key = target.model_dump_json()
-    if key not in _targets:
-        _targets[key] = load_model(target, dtype="float32", device="cpu")
-    return _targets[key]
-
-
 def load_target_pieces(config: RunConfig, keep_model: bool) -> TargetPieces:
-    return pieces_from_model(shared_target(config.target), keep_model)
+    return pieces_from_model(shared_model(config.target), keep_model)
 
 
 def pieces_from_model(model, keep_model: bool) -> TargetPieces:

@@ -125,11 +125,10 @@ def tau_table(summary: dict) -> str:
 
 def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = None) -> dict:
     """Decode the held-out prompts both ways and write `eval/results.json` and `eval/acceptance.png`."""
-    from tasks.draft.train import shared_target
-    from tasks.target.loader import pick_device
+    from tasks.target.loader import pick_device, shared_model
 
     export_dir = Path(export_dir or stage_dir(config, "train") / "export")
-    target = target if target is not None else shared_target(config.target).to(pick_device(config.compute.device))
+    target = target if target is not None else shared_model(config.target).to(pick_device(config.compute.device))
     device = next(target.parameters()).device
     draft = load_export(export_dir, target.get_input_embeddings().weight.detach()).to(device)
     _, layer_ids = read_export_config(export_dir)

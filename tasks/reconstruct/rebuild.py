@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from tasks.config import ReconstructConfig, TargetConfig
 from tasks.contracts import MASK, TOKEN_IDS, conform, quarantine_row
+from tasks.reconstruct.guided import GUIDED
 from tasks.reconstruct.methods import Rebuilt, from_logprobs, from_server_ids, reencode
 from tasks.reconstruct.render import ChatTurn, RenderedTurn, RowError, parse_turn, render_turns
 from tasks.target.chat import chat_format_of, resolve_end_of_turn
@@ -36,7 +37,7 @@ def choose_method(row: dict, methods: list[str]) -> str | None:
             return method
         if method == "logprobs" and row.get("logprob_tokens"):
             return method
-        if method == "reencode":
+        if method in ("reencode", GUIDED):
             return method
     return None
 
@@ -54,13 +55,14 @@ def rebuild_turns(
                 out[i] = from_server_ids(tokenizer, row, turn, r, end_of_turn)
             elif method == "logprobs":
                 out[i] = from_logprobs(tokenizer, byte_vocab(tokenizer), row, turn, r, end_of_turn)
-            elif method == "reencode":
+            elif method in ("reencode", GUIDED):
                 batch.append(i)
             else:
                 out[i] = RowError("no_method", "token_ids", f"row {turn.id!r}: no configured method {methods} fits its data")
         except RowError as e:
             out[i] = e
     for i, rebuilt in zip(batch, reencode(tokenizer, [rendered[i] for i in batch]), strict=True):
+        rebuilt.method = choose_method(rows[i], methods)  # guided rows are re-split later, with the target loaded
         out[i] = rebuilt
     return out
 

@@ -14,12 +14,13 @@ from tasks.completions import file_fingerprint, fingerprint
 from tasks.config import RunConfig
 from tasks.contracts import schema
 from tasks.gates import enforce
+from tasks.reconstruct.guided import guide_table, guided_runs, text_methods
 from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.sharded import Shard, ShardedStage
 from tasks.stages import stage_dir
 from tasks.storage import read_table, write_table
 from tasks.target.chat import resolve_end_of_turn
-from tasks.target.loader import load_tokenizer
+from tasks.target.loader import load_tokenizer, model_placement, shared_model
 
 GATE_COLUMNS = ["id", "num_tokens", "num_trained", "last_trained_id", "round_trip", "finish_reason"]
 
@@ -30,7 +31,9 @@ def plan_shards(config: RunConfig) -> list[Shard]:
     A shard's outputs depend on its input file and slice, the target and the rebuild options.
     """
     size = config.reconstruct.shard_rows
-    options = config.reconstruct.model_dump(mode="json", include={"methods", "echoed_reasoning"})
+    options = config.reconstruct.model_dump(mode="json", include={"echoed_reasoning"}) | {"methods": text_methods(config)}
+    if guided_runs(config):  # the re-split depends on its settings and on the model's numerics
+        options |= {"guided": config.reconstruct.guided.model_dump(mode="json"), "placement": model_placement(config.compute)}
     target = config.target.model_dump(mode="json")
     shards = []
     for path in sorted(stage_dir(config, "generate").glob("part-*.parquet")):
@@ -47,12 +50,17 @@ def build_shard(config: RunConfig, shard: Shard) -> dict:
     """Rebuild one shard's rows: the reconstructed rows and the quarantined ones, as two files."""
     tokenizer = load_tokenizer(config.target)
     rows = read_table("generations", Path(shard.source)).slice(shard.start, shard.stop - shard.start).to_pylist()
-    result = rebuild_rows(tokenizer, rows, config.target, config.reconstruct)
+    methods = config.reconstruct.model_copy(update={"methods": text_methods(config)})
+    result = rebuild_rows(tokenizer, rows, config.target, methods)
+    table, guided = result.table, None
+    if guided_runs(config):
+        model = shared_model(config.target, *model_placement(config.compute))
+        table, guided = guide_table(model, tokenizer, table, result.end_of_turn, config.reconstruct.guided)
     out = stage_dir(config, "reconstruct")
     output, quarantine = shard.outputs
     write_table("quarantine", result.quarantine, out / quarantine)
-    write_table("reconstructed", result.table, out / output)
-    return {"rows": result.table.num_rows, "quarantined": len(result.quarantine)}
+    write_table("reconstructed", table, out / output)
+    return {"rows": table.num_rows, "quarantined": len(result.quarantine), "guided": guided}
 
 
 def collect_quarantine(config: RunConfig, shards: list[Shard]) -> tuple[Path, int]:
@@ -87,12 +95,27 @@ def summarize(config: RunConfig, shards: list[Shard], markers: list[dict]) -> di
         "shards": len(shards),
         "shards_skipped": sum(m["skipped"] for m in markers),
         "methods": {m: methods.count(m) for m in sorted(set(methods))},
+        "guided": sum_guided([m.get("guided") for m in markers]),
     }
+
+
+def sum_guided(parts: list[dict | None]) -> dict | None:
+    """The guided re-split over every shard: rows, rows changed, edits, nats gained, tokens, seconds."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    return {k: round(sum(p[k] for p in parts), 3) for k in parts[0]}
 
 
 def summary_markdown(summary: dict) -> str:
     methods = ", ".join(f"{m}: {n}" for m, n in summary["methods"].items()) or "none"
-    return f"# Reconstruct\n\n{summary['rows']} rows rebuilt ({methods}); {summary['quarantined']} quarantined.\n"
+    text = f"# Reconstruct\n\n{summary['rows']} rows rebuilt ({methods}); {summary['quarantined']} quarantined.\n"
+    if g := summary.get("guided"):
+        text += (
+            f"\nGuided: {g['changed']} of {g['rows']} text-only rows re-split ({g['edits']} edits, "
+            f"{g['nats']:.1f} nats gained), {1000 * g['seconds'] / max(1, g['tokens']):.2f} s per 1,000 tokens.\n"
+        )
+    return text
 
 
 @task(name="gate-reconstructed", persist_result=False)

@@ -7,7 +7,7 @@ import logging
 import threading
 from pathlib import Path
 
-from tasks.config import TargetConfig
+from tasks.config import ComputeConfig, TargetConfig
 from tasks.storage import atomic_path
 from tasks.target.assets import (
     DEMO_MODEL,
@@ -72,6 +72,15 @@ def model_dir(cfg: TargetConfig) -> Path:
     raise TargetLoadError(f"target.source={cfg.source!r} carries a tokenizer only, no model weights")
 
 
+def has_weights(cfg: TargetConfig) -> bool:
+    """Whether the target's weights are here to run (a GGUF, or an HF directory with weight files)."""
+    if cfg.source in ("demo", "gguf"):
+        return True
+    if cfg.source == "hf_dir" and cfg.path is not None and Path(cfg.path).is_dir():
+        return any(Path(cfg.path).glob("*.safetensors")) or any(Path(cfg.path).glob("*.bin"))
+    return False
+
+
 def trust_remote_code(cfg: TargetConfig, directory: Path | None) -> bool:
     """Remote code only when the config turns it on; say so if the model asks for it and it is off."""
     if directory is not None and not cfg.trust_remote_code:
@@ -129,6 +138,25 @@ def load_model(cfg: TargetConfig, dtype: str = "float32", device: str = "cpu"):
         trust_remote_code=trust_remote_code(cfg, directory),
     )
     return model.to(device).eval()
+
+
+_shared: dict[tuple, object] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_model(cfg: TargetConfig, dtype: str = "float32", device: str = "cpu"):
+    """The target loaded once per process: reconstruct (guided), train and evaluate in one pipeline share it."""
+    key = (cfg.model_dump_json(), dtype, device)
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = load_model(cfg, dtype=dtype, device=device)
+        return _shared[key]
+
+
+def model_placement(compute: ComputeConfig) -> tuple[str, str]:
+    """(dtype, device) the compute section resolves to on this machine."""
+    device = pick_device(compute.device)
+    return resolve_dtype(compute.dtype, device), device
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> str:

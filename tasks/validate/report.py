@@ -6,6 +6,7 @@ import pandas as pd
 
 from tasks.validate.classify import BPE_ONLY, CLASSES, SEMANTIC
 
+SIMULATE, SIMULATE_GUIDED = "simulate", "simulate-guided"
 RATE_COLUMNS = ["source", "mode", "rows", "verified", *CLASSES, "semantic_rate", "bpe_only_rate"]
 
 
@@ -28,13 +29,14 @@ def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ") if text is not None else "-"
 
 
-def report_markdown(rates: pd.DataFrame, rows: pd.DataFrame, examples: int) -> str:
-    """Rates per source and mode, then the first examples of each mismatch class."""
+def report_markdown(rates: pd.DataFrame, rows: pd.DataFrame, examples: int, guided: dict[str, dict] | None = None) -> str:
+    """Rates per source and mode, guided beside canonical where it ran, then the first examples of each mismatch."""
     lines = [
         "# Validation",
         "",
         "`check`: rebuilt ids vs the server's ids. `simulate`: the text API played on rows with true ids, "
-        "then re-encoded. Rates are over verified rows.",
+        "then re-encoded in one pass (canonical); `simulate-guided`: the same rows re-split by `guided`. "
+        "Rates are over verified rows.",
         "",
         "| source | mode | rows | exact | bpe_only | semantic | unverified | bpe_only rate | semantic rate |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -44,6 +46,16 @@ def report_markdown(rates: pd.DataFrame, rows: pd.DataFrame, examples: int) -> s
             f"| {r.source} | {r.mode} | {r.rows} | {r.exact} | {r.bpe_only} | {r.semantic} | {r.unverified} "
             f"| {r.bpe_only_rate:.2%} | {r.semantic_rate:.2%} |"
         )
+    if guided:
+        lines += ["", "## Guided vs canonical (simulate)", ""]
+        lines += ["| source | rows | rows changed | exact rows lost | mean nats gained | s per 1,000 tokens |"]
+        lines.append("|---|---|---|---|---|---|")
+        for source, g in sorted(guided.items()):
+            gained = g["nats"] / g["changed"] if g["changed"] else 0.0
+            lines.append(
+                f"| {source} | {g['rows']} | {g['changed']} | {g['exact_lost']} | {gained:.1f} "
+                f"| {1000 * g['seconds'] / max(1, g['tokens']):.2f} |"
+            )
     mismatches = rows[rows["klass"].isin([BPE_ONLY, SEMANTIC])]
     if examples and not mismatches.empty:
         lines += ["", "## First examples", "", "| source | mode | class | id | token | truth | rebuilt |"]

@@ -8,16 +8,17 @@ family writes ids), then rebuilt from that text alone.
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass
 
-import numpy as np
-
-from tasks.config import ReconstructConfig, TargetConfig
-from tasks.reconstruct.methods import completion_ids
+from tasks.config import GuidedConfig, ReconstructConfig, TargetConfig
+from tasks.reconstruct.guided import Span, guide, reply_span
+from tasks.reconstruct.methods import completion_ids, truth_ids
 from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.target.chat import chat_format_of
 from tasks.target.formats import ChatFormat
 from tasks.target.tokens import EndOfTurn, codec
-from tasks.validate.classify import SEMANTIC, Verdict, classify_ids, through_turn_end
+from tasks.validate.classify import EXACT, SEMANTIC, Verdict, classify_ids
 
 
 def played_row(tokenizer, row: dict, chat_format: ChatFormat, end_of_turn: EndOfTurn) -> dict:
@@ -41,10 +42,24 @@ def played_row(tokenizer, row: dict, chat_format: ChatFormat, end_of_turn: EndOf
     }
 
 
-def simulate_rows(
-    tokenizer, rows: list[dict], target: TargetConfig, end_of_turn: EndOfTurn, context: int
-) -> list[tuple[dict, Verdict]]:
-    """(row, verdict) for each row with true ids: played through the text API, re-encoded, compared."""
+GUIDED_STATS = ("rows", "changed", "nats", "exact_lost", "tokens", "seconds")
+
+
+@dataclass
+class Replayed:
+    """A row with true ids, rebuilt from its text alone: the truth, and the re-encoded ids or why there are none."""
+
+    row: dict
+    truth: list[int]
+    span: Span | None  # re-encoded ids through the end of turn; the reply's tokens are [start, stop)
+    refused: Verdict | None = None
+
+    def verdict(self, tokenizer, ids: list[int], context: int = 3) -> Verdict:
+        return self.refused or classify_ids(tokenizer, self.truth, ids, context)
+
+
+def replay_rows(tokenizer, rows: list[dict], target: TargetConfig, end_of_turn: EndOfTurn) -> list[Replayed]:
+    """Rows with true ids played through the text API and re-encoded in one pass (rows over max_length left out)."""
     with_truth = [r for r in rows if r.get("prompt_token_ids") is not None and r.get("token_ids") is not None]
     if not with_truth:
         return []
@@ -55,15 +70,44 @@ def simulate_rows(
     rebuilt = {r["id"]: r for r in result.table.select(["id", "input_ids", "loss_mask"]).to_pylist()}
     out = []
     for row in with_truth:
-        truncated = row.get("finish_reason") == "length"
-        truth = list(row["prompt_token_ids"]) + completion_ids(row["token_ids"], end_of_turn, truncated)
-        if row["id"] in refused and refused[row["id"]]["reason"] == "too_long":
+        truth = truth_ids(row, end_of_turn)
+        q = refused.get(row["id"])
+        if q is not None and q["reason"] == "too_long":
             continue  # not a mismatch: the row is over target.max_length either way
-        if row["id"] in refused:
-            q = refused[row["id"]]
-            out.append((row, Verdict(SEMANTIC, 0, None, f"not rebuilt: {q['reason']} ({q['field']})")))
+        if q is not None:
+            out.append(Replayed(row, truth, None, Verdict(SEMANTIC, 0, None, f"not rebuilt: {q['reason']} ({q['field']})")))
             continue
         r = rebuilt[row["id"]]
-        ids = through_turn_end(np.asarray(r["input_ids"]), np.asarray(r["loss_mask"]))
-        out.append((row, classify_ids(tokenizer, truth, ids, context)))
+        out.append(Replayed(row, truth, reply_span(r["input_ids"], r["loss_mask"], end_of_turn)))
     return out
+
+
+def simulate_rows(
+    tokenizer, rows: list[dict], target: TargetConfig, end_of_turn: EndOfTurn, context: int
+) -> list[tuple[dict, Verdict]]:
+    """(row, verdict) for each row with true ids: played through the text API, re-encoded, compared."""
+    replayed = replay_rows(tokenizer, rows, target, end_of_turn)
+    return [(r.row, r.verdict(tokenizer, r.span.ids if r.span else [], context)) for r in replayed]
+
+
+def simulate_guided(model, tokenizer, replayed: list[Replayed], cfg: GuidedConfig, context: int):
+    """The same replayed rows re-split by `guided`: (row, verdict) pairs, and per source what it changed and cost."""
+    rebuilt = [r for r in replayed if r.span is not None]
+    started = time.perf_counter()
+    results = guide(model, tokenizer, [r.span for r in rebuilt], cfg)
+    seconds = time.perf_counter() - started
+    verdicts = [(r.row, r.refused) for r in replayed if r.span is None]
+    stats: dict[str, dict] = {}
+    tokens = sum(len(r.span.ids) for r in rebuilt) or 1
+    for r, result in zip(rebuilt, results, strict=True):
+        verdict = r.verdict(tokenizer, result.ids, context)
+        verdicts.append((r.row, verdict))
+        was_exact = r.verdict(tokenizer, r.span.ids, context).klass == EXACT
+        s = stats.setdefault(r.row.get("source") or "", dict.fromkeys(GUIDED_STATS, 0))
+        s["rows"] += 1
+        s["changed"] += bool(result.edits)
+        s["nats"] += result.nats
+        s["exact_lost"] += was_exact and verdict.klass != EXACT
+        s["tokens"] += len(r.span.ids)
+        s["seconds"] += seconds * len(r.span.ids) / tokens  # the batch's time, shared out by tokens
+    return verdicts, stats

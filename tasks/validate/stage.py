@@ -11,15 +11,16 @@ from prefect import task
 from tasks.completions import file_fingerprint, fingerprint
 from tasks.config import RunConfig
 from tasks.gates import enforce
+from tasks.reconstruct.guided import GUIDED, guided_runs
 from tasks.reconstruct.methods import truth_ids
 from tasks.sharded import Shard, ShardedStage
 from tasks.stages import stage_dir
 from tasks.storage import atomic_path, read_table, write_table
 from tasks.target.chat import resolve_end_of_turn
-from tasks.target.loader import load_tokenizer
+from tasks.target.loader import load_tokenizer, model_placement, shared_model
 from tasks.validate.classify import EXACT, UNVERIFIED, Verdict, classify_ids, through_turn_end
-from tasks.validate.report import rates_frame, report_markdown
-from tasks.validate.simulate import simulate_rows
+from tasks.validate.report import SIMULATE, SIMULATE_GUIDED, rates_frame, report_markdown
+from tasks.validate.simulate import GUIDED_STATS, replay_rows, simulate_guided
 
 TRUTH_COLUMNS = [
     "id",
@@ -87,11 +88,30 @@ def build_part(config: RunConfig, part: Shard) -> dict:
             verdict = classify_ids(tokenizer, truth, ids, context)
             playable.append(generation)
         records.append(_record(row["id"], row["source"], row["method"], "check", verdict, row["round_trip"]))
+    guided = None
     if config.validation.simulate:
-        for generation, verdict in simulate_rows(tokenizer, playable, config.target, end_of_turn, context):
-            records.append(_record(generation["id"], generation["source"], "reencode", "simulate", verdict, True))
+        replayed = replay_rows(tokenizer, playable, config.target, end_of_turn)
+        for r in replayed:
+            verdict = r.verdict(tokenizer, r.span.ids if r.span else [], context)
+            records.append(_record(r.row["id"], r.row["source"], "reencode", SIMULATE, verdict, True))
+        if guided_runs(config):
+            model = shared_model(config.target, *model_placement(config.compute))
+            verdicts, guided = simulate_guided(model, tokenizer, replayed, config.reconstruct.guided, context)
+            for row, verdict in verdicts:
+                records.append(_record(row["id"], row["source"], GUIDED, SIMULATE_GUIDED, verdict, True))
     write_table("validation", records, stage_dir(config, "validate") / part.name)
-    return {"rows": len(records)}
+    return {"rows": len(records), "guided": guided}
+
+
+def guided_by_source(parts: list[dict | None]) -> dict[str, dict]:
+    """Per source, the guided simulate figures summed over every part."""
+    out: dict[str, dict] = {}
+    for part in parts:
+        for source, figures in (part or {}).items():
+            mine = out.setdefault(source, dict.fromkeys(GUIDED_STATS, 0))
+            for key in GUIDED_STATS:
+                mine[key] += figures[key]
+    return out
 
 
 def plan_parts(config: RunConfig) -> list[Shard]:
@@ -99,6 +119,8 @@ def plan_parts(config: RunConfig) -> list[Shard]:
     target and the validation options."""
     truth = [file_fingerprint(p) for p in sorted(stage_dir(config, "generate").glob("part-*.parquet"))]
     options = config.validation.model_dump(mode="json", include={"context_tokens", "simulate"})
+    if guided_runs(config):  # simulate also plays guided, with these settings
+        options |= {"guided": config.reconstruct.guided.model_dump(mode="json"), "placement": model_placement(config.compute)}
     target = config.target.model_dump(mode="json")
     return [
         Shard(part.name, str(part), (part.name,), fingerprint(file_fingerprint(part), truth, target, options))
@@ -113,9 +135,10 @@ def summarize(config: RunConfig, parts: list[Shard], markers: list[dict]) -> dic
     rates_path = stage_dir(config, "validate") / "rates.parquet"
     with atomic_path(rates_path) as tmp:
         rates.to_parquet(tmp, index=False)
+    guided = guided_by_source([m.get("guided") for m in markers])
     report_path = stage_dir(config, "validate") / "report.md"
     with atomic_path(report_path) as tmp:
-        tmp.write_text(report_markdown(rates, rows, config.validation.examples), encoding="utf-8")
+        tmp.write_text(report_markdown(rates, rows, config.validation.examples, guided), encoding="utf-8")
     check = rates[rates["mode"] == "check"]
     return {
         "validation": str(stage_dir(config, "validate")),
@@ -129,12 +152,13 @@ def summarize(config: RunConfig, parts: list[Shard], markers: list[dict]) -> dic
 def gate_frame(config: RunConfig) -> pd.DataFrame:
     """One row per source for the `validation` suite: check rates, simulate rates and the verified share.
 
-    A text-only source has no check truth; its simulate rates (the re-encode error of its own format,
-    measured on its verified rows) and `verified_share` are what gate it.
+    A text-only source has no check truth; its simulate rates (the rebuild error of its own format with the
+    configured text method, measured on its verified rows) and `verified_share` are what gate it.
     """
     rates = pd.read_parquet(stage_dir(config, "validate") / "rates.parquet")
     check = rates[rates["mode"] == "check"].set_index("source")
-    simulate = rates[rates["mode"] == "simulate"].set_index("source").reindex(check.index)
+    text_mode = SIMULATE_GUIDED if guided_runs(config) else SIMULATE  # what text-only rows get
+    simulate = rates[rates["mode"] == text_mode].set_index("source").reindex(check.index)
     frame = pd.DataFrame(
         {
             "source": check.index,

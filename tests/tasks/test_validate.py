@@ -155,3 +155,30 @@ def test_reconstructed_gate_catches_a_wrong_last_token(validated):
         enforce("reconstructed", broken, parameters=params)
     assert "last_trained_id" in str(err.value)
     assert ReconstructConfig().methods == ["server_ids", "logprobs", "reencode"]
+
+
+def test_guided_rows_are_rebuilt_checked_and_reported_beside_canonical(tmp_path, sampled_generations):
+    """methods: [guided] alone: every row is rebuilt from its text and re-split, then checked against its true ids."""
+    config = RunConfig(runs_dir=tmp_path, name="g", reconstruct={"methods": ["guided"]})
+    write_table("generations", sampled_generations, config.run_dir / "generations" / "part-00000.parquet")
+    rebuilt = RECONSTRUCT.run(config)
+    assert rebuilt["methods"] == {"guided": len(sampled_generations)}
+    assert rebuilt["guided"]["rows"] == len(sampled_generations)
+    VALIDATE.run(config)
+    rows = read_table("validation", config.run_dir / "validation").to_pandas()
+    assert set(rows["mode"]) == {"check", "simulate", "simulate-guided"}
+    check = rows[rows["mode"] == "check"]
+    assert len(check) == len(sampled_generations) and "semantic" not in set(check["klass"])
+    guided = rows[rows["mode"] == "simulate-guided"].set_index("id")["klass"]
+    assert (check.set_index("id")["klass"] == guided.reindex(check["id"]).to_numpy()).all()  # the same rows, the same ids
+    report = (config.run_dir / "validation" / "report.md").read_text()
+    assert "simulate-guided" in report and "Guided vs canonical" in report
+    assert list(gate_frame(config)["simulate_bpe_only_rate"]) == list(
+        rates_of(config).query("mode == 'simulate-guided'")["bpe_only_rate"]
+    )  # text-only rows are gated on the method they get
+
+
+def rates_of(config):
+    import pandas as pd
+
+    return pd.read_parquet(config.run_dir / "validation" / "rates.parquet")
