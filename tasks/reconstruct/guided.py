@@ -8,7 +8,7 @@ from the one-pass ids, each round:
 2. at each reply token, the other tokens whose bytes also start the remaining text, and that the target
    finds nearly as likely as the current token there, are candidates (their log-probability is read off
    the same pass);
-3. a candidate edit replaces the current tokens up to the next boundary both share (filling any gap with
+3. a candidate edit replaces the current tokens up to one of the next boundaries both share (filling the gap with
    the longest tokens that fit) and is scored by the target's log-likelihood of the edit plus a window of
    the tokens after it, against the same span as it stands: one batched forward of the edits over the
    cache, each edit seeing only the positions before it;
@@ -55,7 +55,7 @@ class Span:
     start: int
     stop: int
     changed: list[tuple[int, int]] | None = None  # token ranges edited last round; None: look everywhere
-    tried: dict[tuple, float] | None = None  # gains scored last round, by (byte offset, token, end byte)
+    tried: dict[tuple, float] | None = None  # gains scored in earlier rounds, by (byte offset, token, end byte)
 
 
 @dataclass
