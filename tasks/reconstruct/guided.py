@@ -33,6 +33,7 @@ from tasks.config import GuidedConfig, RunConfig
 from tasks.contracts import conform
 from tasks.target.loader import has_weights
 from tasks.target.tokens import EndOfTurn, byte_vocab, codec
+from tasks.validate.classify import through_turn_end
 
 GUIDED = "guided"
 
@@ -156,7 +157,8 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
         for (token, n), first in zip(options, firsts, strict=True):
             if first < here - cfg.candidate_nats or first < cfg.min_logprob:
                 continue
-            for end in [int(s) for s in starts if s >= at + n][: cfg.ends]:
+            first_end = int(np.searchsorted(starts, at + n))
+            for end in starts[first_end : first_end + cfg.ends].tolist():
                 gap = splitter.fill(data[at + n : end])
                 stop = boundary[end]
                 if gap is None or [token, *gap] == ids[t:stop]:
@@ -253,10 +255,10 @@ def guide(model, tokenizer, spans: list[Span], cfg: GuidedConfig) -> list[Guided
 
 def guide_table(model, tokenizer, table: pa.Table, end_of_turn: EndOfTurn, cfg: GuidedConfig) -> tuple[pa.Table, dict]:
     """Re-split the reply of every `guided` row of a reconstructed table; returns the table and what changed."""
-    rows = table.to_pylist()
-    picked = [i for i, r in enumerate(rows) if r["method"] == GUIDED]
+    picked = [i for i, method in enumerate(table.column("method").to_pylist()) if method == GUIDED]
     if not picked:
         return table, {"rows": 0, "changed": 0, "edits": 0, "nats": 0.0, "tokens": 0, "seconds": 0.0}
+    rows = table.to_pylist()
     spans = [reply_span(rows[i]["input_ids"], rows[i]["loss_mask"], end_of_turn) for i in picked]
     started = time.perf_counter()
     results = guide(model, tokenizer, spans, cfg)
@@ -286,8 +288,6 @@ def guide_table(model, tokenizer, table: pa.Table, end_of_turn: EndOfTurn, cfg: 
 
 def reply_span(input_ids, loss_mask, end_of_turn: EndOfTurn) -> Span:
     """The ids through the end of turn, with the reply's own tokens (not the end-of-turn id) as the span."""
-    mask = np.asarray(loss_mask)
-    trained = np.flatnonzero(mask)
-    ids = list(input_ids[: trained[-1] + 1])
+    ids = through_turn_end(np.asarray(input_ids), np.asarray(loss_mask)).tolist()
     stop = len(ids) - 1 if ids[-1] in end_of_turn.ids else len(ids)
-    return Span(ids, int(trained[0]), stop)
+    return Span(ids, int(np.flatnonzero(loss_mask)[0]), stop)

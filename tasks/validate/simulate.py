@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tasks.config import GuidedConfig, ReconstructConfig, TargetConfig
 from tasks.reconstruct.guided import Span, guide, reply_span
@@ -53,9 +53,16 @@ class Replayed:
     truth: list[int]
     span: Span | None  # re-encoded ids through the end of turn; the reply's tokens are [start, stop)
     refused: Verdict | None = None
+    one_pass: Verdict | None = field(default=None, repr=False)
 
     def verdict(self, tokenizer, ids: list[int], context: int = 3) -> Verdict:
         return self.refused or classify_ids(tokenizer, self.truth, ids, context)
+
+    def canonical(self, tokenizer, context: int = 3) -> Verdict:
+        """The verdict on the one-pass ids, classified once (validate and the guided figures both read it)."""
+        if self.one_pass is None:
+            self.one_pass = self.verdict(tokenizer, self.span.ids if self.span else [], context)
+        return self.one_pass
 
 
 def replay_rows(tokenizer, rows: list[dict], target: TargetConfig, end_of_turn: EndOfTurn) -> list[Replayed]:
@@ -100,9 +107,10 @@ def simulate_guided(model, tokenizer, replayed: list[Replayed], cfg: GuidedConfi
     stats: dict[str, dict] = {}
     tokens = sum(len(r.span.ids) for r in rebuilt) or 1
     for r, result in zip(rebuilt, results, strict=True):
-        verdict = r.verdict(tokenizer, result.ids, context)
+        before = r.canonical(tokenizer, context)
+        verdict = r.verdict(tokenizer, result.ids, context) if result.edits else before
         verdicts.append((r.row, verdict))
-        was_exact = r.verdict(tokenizer, r.span.ids, context).klass == EXACT
+        was_exact = before.klass == EXACT
         s = stats.setdefault(r.row.get("source") or "", dict.fromkeys(GUIDED_STATS, 0))
         s["rows"] += 1
         s["changed"] += bool(result.edits)

@@ -92,7 +92,7 @@ def build_part(config: RunConfig, part: Shard) -> dict:
     if config.validation.simulate:
         replayed = replay_rows(tokenizer, playable, config.target, end_of_turn)
         for r in replayed:
-            verdict = r.verdict(tokenizer, r.span.ids if r.span else [], context)
+            verdict = r.canonical(tokenizer, context)
             records.append(_record(r.row["id"], r.row["source"], "reencode", SIMULATE, verdict, True))
         if guided_runs(config):
             model = shared_model(config.target, *model_placement(config.compute))
