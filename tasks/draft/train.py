@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from transformers import get_cosine_schedule_with_warmup
 
+from tasks.completions import COMPLETIONS
 from tasks.config import RunConfig
 from tasks.draft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from tasks.draft.data import OfflineSource, OnlineSource, collate, plan_batches, rank_slice, read_meta
@@ -97,7 +98,11 @@ RESUMABLE_FIELDS = {
 def data_fingerprint(config: RunConfig) -> str:
     """Names and sizes of the files training reads; a re-extracted or re-merged input changes it."""
     folder = config.run_dir / ("hidden_states" if config.train.mode == "offline" else "merged/train")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
+    files = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not p.name.startswith((".", "_")) and COMPLETIONS not in p.relative_to(folder).parts
+    )  # completion markers are bookkeeping (they hold timings), not data training reads
     listing = "\n".join(f"{p.relative_to(folder)}:{p.stat().st_size}" for p in files)
     return hashlib.sha256(listing.encode()).hexdigest()
 
