@@ -199,13 +199,16 @@ class GuidedConfig(StrictModel):
     next one likely: rows of list items change one item per round)."""
     batch_rows: int = Field(8, gt=0)
     """Rows per forward pass."""
-    batch_edits: int = Field(32, gt=0)
-    """Edits scored per forward pass over the cache."""
+    search_rows: int = Field(32, gt=0)
+    """Rows searched together: their KV caches are held at once, so that edit trees of similar size from any of
+    them share a scoring forward."""
+    tree_tokens: int = Field(64, gt=0)
+    """Edits are scored as token trees of about this many tokens per row, `batch_rows` trees per forward."""
 
 
 class ReconstructConfig(StrictModel):
     methods: list[Literal["server_ids", "logprobs", "reencode", "guided"]] = Field(
-        default_factory=lambda: ["server_ids", "logprobs", "reencode"]
+        default_factory=lambda: ["server_ids", "logprobs", "guided"]
     )
     """Methods tried in order; a row uses the first one its data allows. For text-only rows: `reencode` (one pass,
     canonical boundaries) or `guided` (re-split to the target's own tokenization by its likelihood; needs its weights)."""

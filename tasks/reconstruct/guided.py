@@ -4,18 +4,20 @@ Encoding the reply text in one pass gives the right text but often other boundar
 produced ('\\n' '\\n' for '\\n\\n', ' res' 'ume' for ' resume'), and the target prefers its own. Starting
 from the one-pass ids, each round:
 
-1. one forward pass over the current ids (rows batched, KV cache kept) gives every token's log-probability;
-2. at each reply token, the other tokens whose bytes also start the remaining text, and that the target
-   finds nearly as likely as the current token there, are candidates (their log-probability is read off
-   the same pass);
-3. a candidate edit replaces the current tokens up to one of the next boundaries both share (filling the gap with
-   the longest tokens that fit) and is scored by the target's log-likelihood of the edit plus a window of
-   the tokens after it, against the same span as it stands: one batched forward of the edits over the
-   cache, each edit seeing only the positions before it;
+1. one forward pass over the current ids (rows batched, KV cache kept) gives the decoder's states;
+2. at each reply token, the other tokens whose bytes also start the remaining text, and whose logit is
+   within `candidate_nats` of the current token's, are candidates (logits are single dot products with
+   the lm_head; the whole vocabulary is projected only where an edit will be judged);
+3. a candidate edit replaces the current tokens up to one of the next boundaries both share (filling the
+   gap with the longest tokens that fit) and is scored by the target's log-likelihood of the edit plus a
+   window of the tokens after it, against the same span as it stands. A row's edits form a token tree
+   (edits that begin alike share nodes) that reads the cache before each edit through a 4D mask; trees
+   of similar size from the rows searched together share a forward;
 4. edits that gain more than the margin, and whose windows do not overlap, are applied.
 
 Rounds repeat over the rows that changed until no edit gains (edits that interact are thus taken one
-after the other). Bytes never change: every edit re-splits the same bytes, so the text round-trips by
+after the other); a changed row is run again only from a little before its first change, the cache
+before it reused. Bytes never change: every edit re-splits the same bytes, so the text round-trips by
 construction.
 """
 
@@ -108,26 +110,72 @@ class Resplitter:
 
 
 class Pass:
-    """One forward pass over a batch of rows (right-padded): next-token log-probabilities and the KV cache."""
+    """One forward pass over rows, `batch_rows` at a time (right-padded): every row's KV cache and the decoder's
+    states where next-token log-probabilities will be asked for."""
 
-    def __init__(self, model, rows: list[list[int]], first: int):
-        """`first`: the earliest position whose next-token distribution is needed (logits start there)."""
-        self.width = max(len(r) for r in rows)
-        self.offset = first
-        ids = torch.zeros((len(rows), self.width), dtype=torch.long)
-        mask = torch.zeros((len(rows), self.width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r)
-            mask[i, : len(r)] = 1
-        out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=self.width - first)
-        self.logits = out.logits.float()  # (R, width - first, V)
-        self.norm = torch.logsumexp(self.logits, dim=-1)  # (R, width - first)
-        self.cache = out.past_key_values
+    def __init__(self, model, rows: list[list[int]], firsts: list[int], batch_rows: int, previous=None):
+        """`firsts`: per row, the earliest position whose next-token distribution is needed (the lm_head runs
+        on those positions only, and only where asked: see `normalize`).
 
-    def logprob(self, row: int, position: int, tokens) -> torch.Tensor:
-        """log p(tokens | ids[:position + 1]) of one row."""
-        at = position - self.offset
-        return self.logits[row, at, tokens] - self.norm[row, at]
+        `previous`: (an earlier pass, each row's index in it) where each row's tokens before its `first` are
+        as they were then: those positions are taken from that pass's cache, not run again.
+        """
+        from transformers import DynamicCache
+
+        self.head = model.get_output_embeddings()
+        self.caches, self.lanes, states = [], [], []  # per batch its cache; per row (batch, lane)
+        self.at = np.zeros(len(rows), dtype=int)  # row i's position u is at states[at[i] + u]
+        for lo in range(0, len(rows), batch_rows):
+            batch = range(lo, min(lo + batch_rows, len(rows)))
+            width = max(len(rows[i]) for i in batch)
+            skip = min(firsts[i] for i in batch) if previous else 0
+            ids = torch.zeros((len(batch), width - skip), dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for lane, i in enumerate(batch):
+                ids[lane, : len(rows[i]) - skip] = torch.tensor(rows[i][skip:])
+                mask[lane, : len(rows[i])] = 1
+            prefix = previous[0].kv([previous[1][i] for i in batch], skip) if previous else None
+            cache = DynamicCache(ddp_cache_data=prefix) if prefix else None
+            out = model.get_decoder()(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+            self.caches.append([(layer.keys, layer.values) for layer in out.cache.layers])
+            for lane, i in enumerate(batch):
+                self.lanes.append((len(self.caches) - 1, lane))
+                self.at[i] = sum(len(x) for x in states) - firsts[i]
+                states.append(out.last_hidden_state[lane, firsts[i] - skip : len(rows[i]) - 1 - skip])
+        self.states = torch.cat(states)
+        self.norm = torch.full((len(self.states),), math.nan)  # log-normalizers, projected where asked for
+
+    def kv(self, rows: list[int], width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the cached keys and values of positions [0, width) of these rows, stacked (copies; zeros
+        past a row's batch width, which a mask must hide)."""
+        out = []
+        for layer in range(len(self.caches[0])):
+            pairs = []
+            for row in rows:
+                batch, lane = self.lanes[row]
+                keys, values = (x[lane : lane + 1, :, :width] for x in self.caches[batch][layer])
+                pad = (0, 0, 0, width - keys.shape[2])
+                pairs.append((torch.nn.functional.pad(keys, pad), torch.nn.functional.pad(values, pad)))
+            out.append((torch.cat([k for k, _ in pairs]), torch.cat([v for _, v in pairs])))
+        return out
+
+    def raw(self, row: int, position, tokens) -> torch.Tensor:
+        """Unnormalized logits of `tokens` after ids[:position + 1] of one row (their differences are those of
+        log-probabilities): one dot product each, not a projection onto the whole vocabulary."""
+        state = self.states[int(self.at[row]) + position].float()
+        out = (state * self.head.weight[tokens].float()).sum(-1)
+        return out if self.head.bias is None else out + self.head.bias[tokens].float()
+
+    def normalize(self, row: int, positions) -> None:
+        """Project the states of these positions of one row onto the vocabulary (once) for their normalizers."""
+        at = torch.tensor(sorted(positions), dtype=torch.long) + int(self.at[row])
+        at = at[self.norm[at].isnan()]
+        if len(at):
+            self.norm[at] = torch.logsumexp(self.head(self.states[at]).float(), dim=-1)
+
+    def logprob(self, row: int, position, tokens) -> torch.Tensor:
+        """log p(tokens | ids[:position + 1]) of one row, at positions already normalized."""
+        return self.raw(row, position, tokens) - self.norm[int(self.at[row]) + position]
 
 
 def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg: GuidedConfig) -> list[Edit]:
@@ -137,25 +185,23 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
     data = b"".join(token_bytes)
     starts = np.concatenate([[0], np.cumsum([len(b) for b in token_bytes])]).astype(int)
     boundary = {int(s): span.start + k for k, s in enumerate(starts)}
-    positions = torch.arange(span.start - 1, len(ids) - 1)
-    scored = base.logprob(row, positions, torch.tensor(ids[span.start :])).tolist()
-    current = [0.0] * (span.start - 1) + scored  # current[u - 1] = log p(ids[u]) (the prompt's are not needed)
+    low = first_needed(span, cfg)  # after a change, positions well before it keep last round's scores
+    logits = [0.0] * low + base.raw(row, torch.arange(low, len(ids) - 1), torch.tensor(ids[low + 1 :])).tolist()
 
     def near(t: int) -> bool:
         return any(lo - cfg.window <= t < hi + cfg.window for lo, hi in span.changed or [])
 
-    edits = []
+    drafts = []  # (start, stop, tokens, first token's logit, key, window end)
     for t in range(span.start, span.stop):
         if span.changed is not None and t < min(lo for lo, _ in span.changed) - cfg.window:
             continue  # before every change, the context is as it was last round: so are the scores
         at = int(starts[t - span.start])
-        here = current[t - 1]
         options = [(token, n) for token, n in splitter.prefixes(data, at) if token != ids[t]]
         if not options:
             continue
-        firsts = base.logprob(row, t - 1, torch.tensor([token for token, _ in options])).tolist()
-        for (token, n), first in zip(options, firsts, strict=True):
-            if first < here - cfg.candidate_nats or first < cfg.min_logprob:
+        rivals = base.raw(row, t - 1, torch.tensor([token for token, _ in options])).tolist()
+        for (token, n), rival in zip(options, rivals, strict=True):
+            if rival < logits[t - 1] - cfg.candidate_nats:  # logits differ as log-probabilities do
                 continue
             first_end = int(np.searchsorted(starts, at + n))
             for end in starts[first_end : first_end + cfg.ends].tolist():
@@ -166,42 +212,125 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
                 key = (at, token, end)
                 if span.tried and span.tried.get(key, math.inf) < cfg.margin_nats - cfg.retry_nats and not near(t):
                     continue  # far below the margin last round; a change elsewhere will not lift it that far
-                window_end = min(len(ids), stop + cfg.window)
-                stands = sum(current[t - 1 : window_end - 1])
-                edits.append(Edit(row, t, stop, (token, *gap), stands, first, key))
+                drafts.append((t, stop, (token, *gap), rival, key, min(len(ids), stop + cfg.window)))
+    # Only the positions an edit's span and window cover need the whole vocabulary's normalizer.
+    base.normalize(row, {u for t, _, _, _, _, end in drafts for u in range(t - 1, end - 1)})
+    edits = []
+    for t, stop, tokens, rival, key, end in drafts:
+        first = rival - float(base.norm[int(base.at[row]) + t - 1])
+        if first < cfg.min_logprob:
+            continue
+        stands = float(base.logprob(row, torch.arange(t - 1, end - 1), torch.tensor(ids[t:end])).sum())
+        if first - stands <= cfg.margin_nats:
+            continue  # the edit's other tokens and its window can only lower its gain: it cannot pass
+        edits.append(Edit(row, t, stop, tokens, stands, first, key))
     return edits
 
 
+class Tree:
+    """One row's edits as a token tree to score in one forward: edits that begin alike share their nodes."""
+
+    def __init__(self, row: int):
+        self.row = row
+        self.tokens: list[int] = []
+        self.positions: list[int] = []
+        self.sees: list[list[int]] = []  # per node: the nodes it attends to (its ancestors and itself)
+        self.before: list[int] = []  # per node: the cache positions it attends to, [0, before)
+        self.paths: list[tuple[int, list[int], list[int]]] = []  # per edit: (index, its nodes, the tokens they predict)
+        self.index: dict[tuple, int] = {}
+
+    def add(self, i: int, edit: Edit, ids: list[int], window: int) -> None:
+        scored = list(edit.tokens) + ids[edit.stop : edit.stop + window]
+        parent, nodes = None, []
+        for j, token in enumerate(scored[:-1]):  # the last scored token is read off the node before it
+            key = (edit.start, parent, token)
+            if key not in self.index:
+                self.index[key] = len(self.tokens)
+                self.tokens.append(token)
+                self.positions.append(edit.start + j)
+                self.sees.append([*(self.sees[parent] if parent is not None else []), self.index[key]])
+                self.before.append(edit.start)
+            parent = self.index[key]
+            nodes.append(parent)
+        self.paths.append((i, nodes, scored[1:]))
+
+
+def edit_trees(spans: list[Span], edits: list[Edit], cfg: GuidedConfig) -> list[Tree]:
+    """Each row's edits, in order, as trees of about `tree_tokens` nodes."""
+    trees: dict[int, list[Tree]] = {}
+    for i in sorted(range(len(edits)), key=lambda i: edits[i].start):
+        edit = edits[i]
+        mine = trees.setdefault(edit.row, [Tree(edit.row)])
+        if len(mine[-1].tokens) >= cfg.tree_tokens:
+            mine.append(Tree(edit.row))
+        mine[-1].add(i, edit, spans[edit.row].ids, cfg.window)
+    return [tree for mine in trees.values() for tree in mine if tree.tokens]
+
+
 def score_edits(model, spans: list[Span], base: Pass, edits: list[Edit], cfg: GuidedConfig) -> list[float]:
-    """Log-likelihood gain of each edit: its tokens and the window after it, over the same span as it stands."""
+    """Log-likelihood gain of each edit: its tokens and the window after it, over the same span as it stands.
+
+    Each row's edits, a block at a time, form a token tree whose nodes attend to the cache before their
+    edit and to their own ancestors (a 4D mask), so edits that begin alike share their tokens. Trees of
+    similar size share a forward over their rows' cached keys and values.
+    """
     from transformers import DynamicCache
 
-    gains = {}
-    layers = [(layer.keys, layer.values) for layer in base.cache.layers]
-    ordered = sorted(range(len(edits)), key=lambda i: edits[i].start)  # a chunk reads the cache up to its last start
-    for lo in range(0, len(ordered), cfg.batch_edits):
-        chunk = [edits[i] for i in ordered[lo : lo + cfg.batch_edits]]
-        width = max(e.start for e in chunk)
-        inputs = [list(e.tokens) + spans[e.row].ids[e.stop : e.stop + cfg.window] for e in chunk]
-        n = max(len(x) for x in inputs)
-        ids = torch.zeros((len(chunk), n), dtype=torch.long)
-        mask = torch.zeros((len(chunk), width + n), dtype=torch.long)
-        positions = torch.zeros((len(chunk), n), dtype=torch.long)
-        for b, (e, x) in enumerate(zip(chunk, inputs, strict=True)):
-            ids[b, : len(x)] = torch.tensor(x)
-            mask[b, : e.start] = 1  # only the positions before the edit
-            mask[b, width : width + len(x)] = 1
-            positions[b] = torch.arange(e.start, e.start + n)
-        rows = torch.tensor([e.row for e in chunk])
-        picked = DynamicCache(ddp_cache_data=[(k[rows, :, :width], v[rows, :, :width]) for k, v in layers])
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=picked, use_cache=True)
-        logits = out.logits.float()  # (B, n, V)
-        norm = torch.logsumexp(logits, dim=-1)  # (B, n)
-        for b, (i, x) in enumerate(zip(ordered[lo : lo + cfg.batch_edits], inputs, strict=True)):
-            steps = torch.arange(len(x) - 1)
-            follow = float((logits[b, steps, torch.tensor(x[1:])] - norm[b, steps]).sum())
-            gains[i] = edits[i].first + follow - edits[i].base
-    return [gains[i] for i in range(len(edits))]
+    gains = [edit.first - edit.base for edit in edits]  # an edit of one token with no window left: its first
+    trees = sorted(edit_trees(spans, edits, cfg), key=lambda tree: len(tree.tokens))
+    for lo, hi in pack_calls([len(tree.tokens) for tree in trees], cfg.batch_rows * cfg.tree_tokens):
+        call = trees[lo:hi]
+        n = len(call[-1].tokens)
+        width = max(max(tree.before) for tree in call)  # no node reads the cache past its edit
+        ids = torch.zeros((len(call), n), dtype=torch.long)
+        positions = torch.zeros((len(call), n), dtype=torch.long)
+        mask = torch.zeros((len(call), 1, n, width + n), dtype=torch.bool)
+        mask[:, 0, :, 0] = True  # padding nodes see one key (a row of the mask with none gives NaN)
+        for b, tree in enumerate(call):
+            ids[b, : len(tree.tokens)] = torch.tensor(tree.tokens, dtype=torch.long)
+            positions[b, : len(tree.tokens)] = torch.tensor(tree.positions, dtype=torch.long)
+            for q, (before, sees) in enumerate(zip(tree.before, tree.sees, strict=True)):
+                mask[b, 0, q, :before] = True
+                mask[b, 0, q, [width + k for k in sees]] = True
+        cache = DynamicCache(ddp_cache_data=base.kv([tree.row for tree in call], width))
+        out = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        real = torch.cat([torch.arange(len(tree.tokens)) + b * n for b, tree in enumerate(call)])  # not the padding
+        states = out.last_hidden_state.reshape(len(call) * n, -1)[real]
+        logprobs = base.head(states).float().log_softmax(dim=-1)  # (real nodes, V)
+        at = 0
+        for tree in call:
+            for i, nodes, targets in tree.paths:
+                gains[i] += float(logprobs[[at + q for q in nodes], targets].sum())
+            at += len(tree.tokens)
+    return gains
+
+
+CALL_TOKENS = 16  # a forward's fixed cost (reading the weights, launching it) in tokens' worth of compute
+
+
+def pack_calls(sizes: list[int], budget: int) -> list[tuple[int, int]]:
+    """Split ascending tree sizes into consecutive forwards, each padded to its largest tree, at the least
+    padded tokens plus `CALL_TOKENS` per forward (a forward holds at most `budget` tokens, or one tree)."""
+    cost, cut = [0] + [math.inf] * len(sizes), [0] * (len(sizes) + 1)
+    for hi in range(1, len(sizes) + 1):
+        for lo in range(hi - 1, -1, -1):
+            if hi - lo > 1 and (hi - lo) * sizes[hi - 1] > budget:
+                break
+            here = cost[lo] + (hi - lo) * sizes[hi - 1] + CALL_TOKENS
+            if here < cost[hi]:
+                cost[hi], cut[hi] = here, lo
+    calls, hi = [], len(sizes)
+    while hi:
+        calls.append((cut[hi], hi))
+        hi = cut[hi]
+    return calls[::-1]
+
+
+def first_needed(span: Span, cfg: GuidedConfig) -> int:
+    """The earliest position whose next-token distribution a round needs for this span."""
+    if span.changed is None:
+        return span.start - 1
+    return max(span.start - 1, min(lo for lo, _ in span.changed) - cfg.window - 1)
 
 
 def choose(edits: list[Edit], gains: list[float], cfg: GuidedConfig) -> dict[int, list[tuple[Edit, float]]]:
@@ -223,11 +352,12 @@ def guide(model, tokenizer, spans: list[Span], cfg: GuidedConfig) -> list[Guided
     splitter = Resplitter(tokenizer)
     results = [Guided(list(s.ids), s.stop) for s in spans]
     order = sorted(range(len(spans)), key=lambda i: len(spans[i].ids))  # similar lengths share a batch
-    for lo in range(0, len(order), cfg.batch_rows):
-        group, changed, tried = order[lo : lo + cfg.batch_rows], {}, {}
+    for lo in range(0, len(order), cfg.search_rows):
+        group, changed, tried, previous = order[lo : lo + cfg.search_rows], {}, {}, None
         for _ in range(cfg.max_rounds):
             current = [Span(results[i].ids, spans[i].start, results[i].stop, changed.get(i), tried.get(i)) for i in group]
-            base = Pass(model, [s.ids for s in current], min(s.start for s in current) - 1)
+            firsts = [first_needed(s, cfg) for s in current]
+            base = Pass(model, [s.ids for s in current], firsts, cfg.batch_rows, previous)
             edits = [e for k, s in enumerate(current) for e in candidate_edits(splitter, s, k, base, cfg)]
             if not edits:
                 break
@@ -249,7 +379,9 @@ def guide(model, tokenizer, spans: list[Span], cfg: GuidedConfig) -> list[Guided
                     result.nats += gain
                 result.ids = ids
                 changed[group[k]] = ranges
-            group = [group[k] for k in taken]  # only rows that changed can change again
+            # Only rows that changed can change again, and their tokens before the first change are as they were.
+            kept = sorted(taken)
+            group, previous = [group[k] for k in kept], (base, kept)
     return results
 
 

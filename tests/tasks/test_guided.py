@@ -28,6 +28,13 @@ def replayed(demo_tokenizer, demo_model):
     return [r for r in replay_rows(demo_tokenizer, rows, target, end_of_turn) if r.span is not None]
 
 
+@pytest.fixture(scope="module")
+def spans(demo_tokenizer, sampled_generations):
+    target = TargetConfig()
+    end_of_turn = resolve_end_of_turn(demo_tokenizer, target)
+    return [r.span for r in replay_rows(demo_tokenizer, sampled_generations, target, end_of_turn) if r.span]
+
+
 def classes(tokenizer, replayed, ids_per_row):
     return [r.verdict(tokenizer, ids).klass for r, ids in zip(replayed, ids_per_row, strict=True)]
 
@@ -49,13 +56,75 @@ def test_guided_recovers_the_targets_own_tokens_and_keeps_every_byte(demo_tokeni
     assert guided.count("exact") >= 0.85 * len(guided), guided  # 97-99% on 200-row samples (bench/guided.py)
 
 
-def test_an_edit_needs_the_margin(demo_tokenizer, demo_model, sampled_generations):
+def test_an_edit_needs_the_margin(demo_tokenizer, demo_model, spans):
     """With an unreachable margin nothing changes: edits are kept on evidence, never by default."""
-    target = TargetConfig()
-    end_of_turn = resolve_end_of_turn(demo_tokenizer, target)
-    spans = [r.span for r in replay_rows(demo_tokenizer, sampled_generations, target, end_of_turn) if r.span]
     results = guide(demo_model, demo_tokenizer, spans, GuidedConfig(margin_nats=1e6))
     assert [g.ids for g in results] == [s.ids for s in spans] and not any(g.edits for g in results)
+
+
+def full_logprobs(model, ids: list[int]):
+    """log p(ids[u + 1] | ids[:u + 1]) for every u, from one plain forward over the whole sequence."""
+    import torch
+
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float().log_softmax(dim=-1)
+    return logits[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+
+
+def test_edit_gains_match_plain_forwards_over_the_edited_sequences(demo_tokenizer, demo_model, spans):
+    """Edits scored as token trees over the cache (2 rows per pass, small trees: rows mix in one forward) gain
+    exactly what the log-likelihoods of plain forwards over each sequence, edited and not, say they gain."""
+    import torch
+
+    from tasks.reconstruct.guided import Pass, Resplitter, candidate_edits, first_needed, score_edits
+
+    cfg = GuidedConfig(batch_rows=2, tree_tokens=8, margin_nats=0.0, candidate_nats=6.0, min_logprob=-12.0)
+    with torch.inference_mode():
+        base = Pass(demo_model, [s.ids for s in spans], [first_needed(s, cfg) for s in spans], cfg.batch_rows)
+        splitter = Resplitter(demo_tokenizer)
+        edits = [e for k, s in enumerate(spans) for e in candidate_edits(splitter, s, k, base, cfg)]
+        gains = score_edits(demo_model, spans, base, edits, cfg)
+    assert len({e.row for e in edits}) >= 3 and len(edits) >= 12
+    for edit, gain in list(zip(edits, gains, strict=True))[:: max(1, len(edits) // 12)]:
+        ids = spans[edit.row].ids
+        edited = ids[: edit.start] + list(edit.tokens) + ids[edit.stop :]
+        window = min(cfg.window, len(ids) - edit.stop)
+        before = full_logprobs(demo_model, ids)[edit.start - 1 : edit.stop + window - 1].sum()
+        after = full_logprobs(demo_model, edited)[edit.start - 1 : edit.start + len(edit.tokens) + window - 1].sum()
+        assert gain == pytest.approx(float(after - before), abs=1e-3), edit
+
+
+def test_a_row_run_again_from_its_first_change_matches_a_fresh_pass(demo_tokenizer, demo_model, spans):
+    import torch
+
+    from tasks.reconstruct.guided import Pass, Span, first_needed
+
+    cfg = GuidedConfig()
+    span = spans[1]
+    with torch.inference_mode():
+        base = Pass(demo_model, [s.ids for s in spans], [first_needed(s, cfg) for s in spans], 2)
+        middle = (span.start + span.stop) // 2  # re-split one reply token into its bytes' single-byte tokens
+        pieces = [demo_tokenizer.convert_tokens_to_ids(c) for c in demo_tokenizer.convert_ids_to_tokens(span.ids[middle])]
+        ids = span.ids[:middle] + pieces + span.ids[middle + 1 :]
+        changed = Span(ids, span.start, span.stop + len(pieces) - 1, [(middle, middle + len(pieces))])
+        first = first_needed(changed, cfg)
+        assert span.start < first < middle
+        again = Pass(demo_model, [ids], [first], 2, previous=(base, [1]))
+        positions = range(first, len(ids) - 1)
+        again.normalize(0, positions)
+        expected = full_logprobs(demo_model, ids)[first:]
+        assert torch.allclose(again.logprob(0, torch.tensor(positions), torch.tensor(ids[first + 1 :])), expected, atol=1e-4)
+
+
+def test_tree_forwards_are_packed_by_size():
+    from tasks.reconstruct.guided import pack_calls
+
+    assert pack_calls([], 512) == []
+    sizes = [5, 6, 6, 7, 30, 31, 64, 64, 300, 700]
+    calls = pack_calls(sizes, 512)
+    assert [i for lo, hi in calls for i in range(lo, hi)] == list(range(len(sizes)))  # each tree once, in order
+    assert all(hi - lo == 1 or (hi - lo) * sizes[hi - 1] <= 512 for lo, hi in calls)
+    assert (0, 4) in calls and (9, 10) in calls  # small trees are not padded to the size of large ones
 
 
 @pytest.mark.slow

@@ -154,7 +154,7 @@ def test_reconstructed_gate_catches_a_wrong_last_token(validated):
     with pytest.raises(GateError) as err:
         enforce("reconstructed", broken, parameters=params)
     assert "last_trained_id" in str(err.value)
-    assert ReconstructConfig().methods == ["server_ids", "logprobs", "reencode"]
+    assert ReconstructConfig().methods == ["server_ids", "logprobs", "guided"]
 
 
 def test_guided_rows_are_rebuilt_checked_and_reported_beside_canonical(tmp_path, sampled_generations):
