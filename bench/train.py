@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import tasks  # noqa: E402,F401  (offline defaults)
 from tasks.config import RunConfig, load_config  # noqa: E402
 from tasks.draft.data import OfflineSource  # noqa: E402
-from tasks.draft.export import export_draft, load_export  # noqa: E402
+from tasks.draft.export import ExportTarget, export_draft, load_export  # noqa: E402
 from tasks.draft.stage import train_stage  # noqa: E402
 from tasks.draft.train import build_draft, pieces_from_model, prepare_vocab  # noqa: E402
 from tasks.evaluate.speculative import acceptance_by_position, greedy_decode, speculative_decode  # noqa: E402
@@ -95,7 +95,12 @@ def train_variant(base: RunConfig, name: str, pieces, **train) -> tuple[Path, fl
         source = OfflineSource(config.run_dir, "train")
         draft = build_draft(config, pieces, prepare_vocab(config, source.rows, pieces.config.vocab_size, 0))
         export_draft(
-            draft.state_dict(), draft.cfg, source.meta["aux_layer_ids"], config.run_dir / "draft" / "export", dtype="float32"
+            draft.state_dict(),
+            draft.cfg,
+            source.meta["aux_layer_ids"],
+            ExportTarget.from_meta(source.meta),
+            config.run_dir / "draft" / "export",
+            dtype="float32",
         )
         return config.run_dir / "draft" / "export", None, 0.0
     summary = train_stage(config, pieces)

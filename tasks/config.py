@@ -355,8 +355,9 @@ class TrainConfig(StrictModel):
     """Checkpoints kept on disk (newest first); older ones are deleted after each save."""
     draft_overrides: dict[str, Any] = Field(default_factory=dict)
     """Draft config fields to override (intermediate_size, num_attention_heads, ...)."""
-    ttt_feed: Literal["predicted", "data"] = "predicted"
-    """What unrolled steps read as their token: the draft's own argmax (as at inference) or the data."""
+    ttt_feed: Literal["predicted", "data"] = "data"
+    """What unrolled steps read as their token: the data token (as EAGLE, SpecForge and speculators train: the
+    target's distribution is computed for that prefix) or the draft's own argmax."""
     init_lm_head_from_target: bool = True
     """Start lm_head from the target's lm_head rows of the draft vocab (a far better start than noise)."""
     processes: int = Field(1, gt=0)
@@ -377,7 +378,11 @@ class EvaluateConfig(StrictModel):
     num_draft_tokens: int = Field(4, ge=1)
     """Draft tokens proposed per target forward (a chain, as SGLang's steps=3/draft=4)."""
     min_acceptance_length: float = Field(1.0, ge=0)
-    """Gate: acceptance length (tokens per target forward) must reach this."""
+    """Gate: mean acceptance length over prompts (tokens per target forward) must reach this."""
+    min_tau_gain: float = Field(0.0, ge=0)
+    """Gate: pooled τ must exceed the untrained draft's (same shape, vocabulary and seed) by more than this."""
+    min_first_acceptance: float = Field(0.0, ge=0, le=1)
+    """Gate: share of rounds whose first drafted token is accepted must reach this."""
 
 
 # --------------------------------------------------------------------------- run

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tasks.storage import atomic_path
+
+
+def unrolled_steps(record: dict) -> int:
+    """The number of unrolled steps a metrics record reports (`acc_0`, `acc_1`, ...)."""
+    return sum(1 for key in record if re.fullmatch(r"acc_\d+", key))
 
 
 def plot_curves(records: list[dict], path: Path) -> Path:
@@ -15,7 +21,7 @@ def plot_curves(records: list[dict], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     steps = [r["step"] for r in records]
-    k = sum(1 for key in (records[0] if records else {}) if key.startswith("acc_"))
+    k = unrolled_steps(records[0]) if records else 0
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     ax_loss.plot(steps, [r["loss"] for r in records], color="black", label="weighted total")
     for i in range(k):

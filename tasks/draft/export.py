@@ -2,25 +2,47 @@
 
 `config.json` is a Llama config with one layer plus the EAGLE-3 fields; `model.safetensors` holds
 exactly `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t` and `t2d`: no embedding,
-the engines take the target's.
+the engines take the target's. One export serves both engines when the aux layers are EAGLE-3's default
+(the layer ids are then left out, and each engine captures its default), and when the draft vocabulary
+is the whole vocabulary `d2t` is left out (vLLM then has no parameter to load it into and refuses it).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from tasks.draft.model import DraftConfig, Eagle3Draft
-from tasks.extract.backend import engine_layer_ids
+from tasks.extract.backend import export_layer_ids
 from tasks.storage import atomic_path
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
-def export_config(cfg: DraftConfig, hf_indices: list[int], engine: str, dtype: str, eos_token_id: int | None) -> dict:
+@dataclass(frozen=True)
+class ExportTarget:
+    """What an export must know of the target: its layer count and architecture (how engines read layer ids)."""
+
+    num_layers: int
+    architecture: str = ""
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> ExportTarget:
+        """From the extract stage's meta.json."""
+        return cls(meta["num_hidden_layers"], meta.get("architecture", ""))
+
+
+def export_config(
+    cfg: DraftConfig, hf_indices: list[int], target: ExportTarget, engine: str, dtype: str, eos_token_id: int | None
+) -> dict:
+    layer_ids = export_layer_ids(hf_indices, target.num_layers, engine, target.architecture)
+    eagle = {"use_aux_hidden_state": True}
+    if layer_ids is not None:
+        eagle["eagle_aux_hidden_state_layer_ids"] = layer_ids
     return {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -44,20 +66,23 @@ def export_config(cfg: DraftConfig, hf_indices: list[int], engine: str, dtype: s
         "target_hidden_size": cfg.target_hidden_size,
         "eos_token_id": eos_token_id,
         "torch_dtype": dtype,
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": engine_layer_ids(hf_indices, engine),
-            "use_aux_hidden_state": True,
+        "eagle_config": eagle,
+        # The HF hidden_states indices the draft was trained on, and whom the ids above (if any) are written for.
+        "draftsmith": {
+            "layer_id_convention": engine if layer_ids is not None else "default (any engine)",
+            "aux_hidden_states_hf_indices": list(hf_indices),
+            "target_architecture": target.architecture,
+            "target_num_layers": target.num_layers,
         },
-        # The ids above in their engine's convention, and the HF hidden_states indices they mean.
-        "draftsmith": {"layer_id_convention": engine, "aux_hidden_states_hf_indices": list(hf_indices)},
     }
 
 
-def export_tensors(state: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
-    """Checkpoint state -> export tensors: weights in `dtype`, d2t int64, t2d bool, no embedding."""
+def export_tensors(state: dict[str, torch.Tensor], dtype: str, full_vocab: bool) -> dict[str, torch.Tensor]:
+    """Checkpoint state -> export tensors: weights in `dtype`, d2t int64 (none for a full vocab), t2d bool, no
+    embedding."""
     out = {}
     for name, tensor in state.items():
-        if name.startswith("embed_tokens."):
+        if name.startswith("embed_tokens.") or (name == "d2t" and full_vocab):
             continue
         if name == "d2t":
             out[name] = tensor.to(torch.int64)
@@ -72,6 +97,7 @@ def export_draft(
     state: dict[str, torch.Tensor],
     cfg: DraftConfig,
     hf_indices: list[int],
+    target: ExportTarget,
     out_dir: Path,
     engine: str = "sglang",
     dtype: str = "bfloat16",
@@ -80,9 +106,11 @@ def export_draft(
     """Write config.json and model.safetensors into `out_dir` (each atomically)."""
     out_dir = Path(out_dir)
     with atomic_path(out_dir / "model.safetensors") as tmp:
-        save_file(export_tensors(state, dtype), str(tmp), metadata={"format": "pt"})
+        tensors = export_tensors(state, dtype, full_vocab=cfg.draft_vocab_size == cfg.vocab_size)
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
     with atomic_path(out_dir / "config.json") as tmp:
-        tmp.write_text(json.dumps(export_config(cfg, hf_indices, engine, dtype, eos_token_id), indent=2), encoding="utf-8")
+        config = export_config(cfg, hf_indices, target, engine, dtype, eos_token_id)
+        tmp.write_text(json.dumps(config, indent=2), encoding="utf-8")
     return out_dir
 
 
@@ -94,15 +122,18 @@ def read_export_config(export_dir: Path) -> tuple[DraftConfig, list[int]]:
     meta = data.get("draftsmith") or {}
     if "aux_hidden_states_hf_indices" in meta:
         return cfg, list(meta["aux_hidden_states_hf_indices"])
-    ids = data["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-    return cfg, [i + 1 for i in ids]  # a plain export in SGLang's convention
+    ids = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if ids is None:
+        raise ValueError(f"{export_dir}/config.json names no aux layers: EAGLE-3's default needs the target's layer count")
+    return cfg, [i + 1 for i in ids]  # a plain export in SGLang's convention for a Llama-like target
 
 
 def load_export(export_dir: Path, embed_weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> Eagle3Draft:
     """Rebuild the draft from an export with the target's embedding; weights cast to `dtype`."""
     cfg, _ = read_export_config(export_dir)
     tensors = load_file(str(Path(export_dir) / "model.safetensors"))
-    draft = Eagle3Draft(cfg, embed_weight, tensors["d2t"], tensors["t2d"])
-    state = {k: (v if k in ("d2t", "t2d") else v.to(dtype)) for k, v in tensors.items()}
+    d2t = tensors.get("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))  # none: draft id = target id
+    draft = Eagle3Draft(cfg, embed_weight, d2t, tensors["t2d"])
+    state = {"d2t": d2t, **{k: (v if k in ("d2t", "t2d") else v.to(dtype)) for k, v in tensors.items()}}
     draft.load_state_dict(state)
     return draft.to(dtype).eval()

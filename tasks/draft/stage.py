@@ -12,8 +12,8 @@ from prefect import task
 
 from tasks.config import RunConfig
 from tasks.draft.checkpoint import latest_checkpoint
-from tasks.draft.curves import plot_curves
-from tasks.draft.export import export_draft
+from tasks.draft.curves import plot_curves, unrolled_steps
+from tasks.draft.export import ExportTarget, export_draft
 from tasks.draft.model import DraftConfig
 from tasks.draft.train import TargetPieces, read_metrics, train_draft
 from tasks.gates import enforce
@@ -59,12 +59,13 @@ def metrics_frame(records: list[dict], window: int = 10) -> pd.DataFrame:
     frame["id"] = frame["step"].astype(str)
     n = max(1, min(window, len(frame) // 4 or 1))
     frame["loss_drop"] = float(frame["loss"].head(n).mean() - frame["loss"].tail(n).mean())
-    frame["acc_steps_reported"] = sum(1 for c in frame.columns if c.startswith("acc_"))
+    frame["acc_0_rise"] = float(frame["acc_0"].tail(n).mean() - frame["acc_0"].head(n).mean())
+    frame["acc_steps_reported"] = unrolled_steps(records[0])
     return frame
 
 
 def gate_train(config: RunConfig) -> dict:
-    """Loss finite and falling, accuracy reported for every unrolled step."""
+    """Loss finite and falling, first-step accuracy rising, accuracy reported for every unrolled step."""
     records = read_metrics(stage_dir(config, "train") / "metrics.jsonl")
     if not records:
         raise ValueError(f"train gate: no metrics in {stage_dir(config, 'train') / 'metrics.jsonl'}")
@@ -90,10 +91,12 @@ def export_stage(config: RunConfig) -> str:
         raise FileNotFoundError(f"export: no checkpoint in {stage_dir(config, 'train') / 'checkpoints'}")
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     tokenizer = load_tokenizer(config.target)
+    meta = json.loads((stage_dir(config, "extract") / "meta.json").read_text(encoding="utf-8"))
     out = export_draft(
         state["model"],
         DraftConfig(**state["draft_config"]),
         state["aux_layer_ids"],
+        ExportTarget.from_meta(meta),
         stage_dir(config, "train") / "export",
         engine=config.train.export_engine,
         dtype=config.train.export_dtype,
@@ -112,8 +115,12 @@ def publish_metrics(config: RunConfig) -> None:
     rows = [{k: round(r[k], 5) if isinstance(r[k], float) else r[k] for k in keep} for r in records[::stride]]
     create_table_artifact(key="train-metrics", table=rows, description="Draft training metrics per step")
     last = records[-1]
-    lines = ["# Draft training", "", "| unrolled step | loss | accuracy |", "|---|---|---|"]
-    lines += [f"| {i} | {last[f'loss_{i}']:.4f} | {last[f'acc_{i}']:.3f} |" for i in range(config.train.ttt_steps)]
+    header = "| unrolled step | loss | accuracy | accuracy, out-of-vocab as misses |"
+    lines = ["# Draft training", "", header, "|---|---|---|---|"]
+    lines += [
+        f"| {i} | {last[f'loss_{i}']:.4f} | {last[f'acc_{i}']:.3f} | {last[f'acc_{i}_all']:.3f} |"
+        for i in range(config.train.ttt_steps)
+    ]
     lines += ["", f"curves: `{stage_dir(config, 'train') / 'curves.png'}`"]
     create_markdown_artifact(key="train-summary", markdown="\n".join(lines), description="Last step per unrolled step")
     publish_image("train-curves", stage_dir(config, "train") / "curves.png", "Draft loss and accuracy per unrolled step")

@@ -75,11 +75,16 @@ def prepare_vocab(config: RunConfig, rows, vocab_size: int, rank: int):
 def build_draft(config: RunConfig, pieces: TargetPieces, vocab) -> Eagle3Draft:
     """A fresh draft seeded by `compute.seed`; lm_head starts from the target's rows of the draft vocab."""
     cfg = DraftConfig.from_target(pieces.config, vocab.size, config.train.draft_overrides)
+    return fresh_draft(config, cfg, pieces.embed, pieces.lm_head, vocab.d2t, vocab.t2d)
+
+
+def fresh_draft(config: RunConfig, cfg: DraftConfig, embed, lm_head, d2t, t2d) -> Eagle3Draft:
+    """The draft as training starts it (the untrained baseline evaluate compares with is built the same way)."""
     torch.manual_seed(config.compute.seed)
-    draft = Eagle3Draft(cfg, pieces.embed, vocab.d2t, vocab.t2d)
+    draft = Eagle3Draft(cfg, embed, d2t, t2d)
     if config.train.init_lm_head_from_target:
         with torch.no_grad():
-            draft.lm_head.weight.copy_(pieces.lm_head[vocab.draft_to_target])
+            draft.lm_head.weight.copy_(lm_head[torch.arange(len(d2t), device=d2t.device) + d2t])
     return draft
 
 
@@ -199,7 +204,7 @@ def train_draft(
         batch["in_vocab"] = _in_vocab(mine, lengths, batch, in_vocab_cache, lm_head_full, draft.t2d)
         with autocast:
             scores = unroll(model, batch, draft_lm_head, tc.ttt_steps, tc.ttt_feed)
-        totals = torch.stack([torch.stack([s.count, s.correct, s.loss_sum.detach()]) for s in scores])  # (k, 3)
+        totals = torch.stack([torch.stack([s.count, s.correct, s.loss_sum.detach(), s.trained]) for s in scores])  # (k, 4)
         if world > 1:
             dist.all_reduce(totals)
         # Each step's loss is a mean over the global batch; DDP averages gradients, hence the * world.
@@ -263,11 +268,12 @@ def _in_vocab(rows, lengths, batch, cache: dict, lm_head: torch.Tensor, t2d: tor
 
 
 def _record(step, totals, decay, scheduler, grad_norm, tokens_seen, started) -> dict:
-    counts, correct, sums = totals[:, 0].clamp(min=1), totals[:, 1], totals[:, 2]
+    counts, correct, sums, trained = totals[:, 0].clamp(min=1), totals[:, 1], totals[:, 2], totals[:, 3].clamp(min=1)
     losses = (sums / counts).tolist()
     record = {"step": step, "loss": sum(decay**i * v for i, v in enumerate(losses))}
     record.update({f"loss_{i}": v for i, v in enumerate(losses)})
-    record.update({f"acc_{i}": v for i, v in enumerate((correct / counts).tolist())})
+    record.update({f"acc_{i}": v for i, v in enumerate((correct / counts).tolist())})  # over draftable targets
+    record.update({f"acc_{i}_all": v for i, v in enumerate((correct / trained).tolist())})  # out-of-vocab as misses
     record.update(
         {
             "positions": int(totals[0, 0]),

@@ -3,7 +3,9 @@
 Step i at position t drafts the token at t+2+i: its input is the previous step's hidden state and
 token (step 0: fc(aux[t]) and x[t+1]); its target is the target's distribution at position t+1+i,
 restricted to the draft vocab. Positions whose target argmax is outside the draft vocab, or whose
-predicted token is not trained (loss_mask 0), are masked.
+predicted token is not trained (loss_mask 0), are masked. Accuracy is counted both over the positions
+trained on and over every position whose token is trained, out-of-vocabulary ones as misses
+(SpecForge's denominator, what acceptance sees).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class StepScores:
     loss_sum: torch.Tensor  # soft cross-entropy summed over valid positions (carries grad)
     count: torch.Tensor  # valid positions
     correct: torch.Tensor  # valid positions whose draft argmax equals the target argmax
+    trained: torch.Tensor  # positions whose token is trained, draftable or not
 
 
 def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -60,8 +63,9 @@ def unroll(
         target_p = torch.softmax(target_logits.float(), dim=-1)
         target_top = target_logits.argmax(-1)  # (B, T) draft ids
         # Logits at p predict token p+1: trained if loss_mask[p+1] and the target's choice is draftable.
-        base = torch.zeros_like(mask)
-        base[:, :-1] = batch["in_vocab"][:, :-1].float() * mask[:, 1:]
+        trained = torch.zeros_like(mask)
+        trained[:, :-1] = mask[:, 1:]
+        base = batch["in_vocab"].float() * trained
     positions = torch.arange(T, device=ids.device).expand(B, T)
     fed = [shift_left(ids, 2 + i) for i in range(steps - 1)] if feed == "data" else None
     step_logits = draft(batch["aux"], shift_left(ids, 1), positions, steps, fed)  # step 0 reads x[t+1]
@@ -71,5 +75,6 @@ def unroll(
         p = shift_left(target_p, 1 + i)  # (B, T, N)
         ce = -(p * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # (B, T)
         hit = (logits.argmax(-1) == shift_left(target_top, 1 + i)).float()
-        scores.append(StepScores((ce * valid).sum(), valid.sum().detach(), (hit * valid).sum().detach()))
+        every = shift_left(trained, 1 + i).sum()
+        scores.append(StepScores((ce * valid).sum(), valid.sum().detach(), (hit * valid).sum().detach(), every))
     return scores

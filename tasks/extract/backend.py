@@ -1,9 +1,11 @@
 """What a hidden-state backend is: the contract any engine (transformers, vLLM, SGLang) must meet.
 
 Layer ids follow the Hugging Face `hidden_states` index: id i is the *input* of decoder layer i
-(id 0 = the token embeddings). EAGLE-3 takes ids [2, L//2, L-3]. Serving engines spell the same
-layers differently: vLLM's `eagle_aux_hidden_state_layer_ids` use this index unchanged, SGLang adds
-+1 to the ids it is given, so SGLang must be handed `id - 1` to capture the same tensors.
+(id 0 = the token embeddings). EAGLE-3 takes ids [2, L//2, L-3], and both serving engines capture
+those when a draft's config names none. Named ids are read differently: vLLM uses
+`eagle_aux_hidden_state_layer_ids` unchanged; SGLang (0.5, `set_eagle3_layers_to_capture` in
+sglang/srt/models) adds 1 to each id for most targets, but for DeepSeek-V2/V3 bodies (Kimi-K2, Kimi-K2.5,
+GLM-4 MoE Lite) only when the first id is 1, and for gpt-oss not when the largest id equals the layer count.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class TargetInfo:
     hidden_size: int
     vocab_size: int
     max_positions: int  # longest row the backend can run
+    architecture: str = ""  # the target's `architectures[0]` (how SGLang reads layer ids depends on it)
 
 
 @dataclass
@@ -74,19 +77,43 @@ def check_aux_layer_ids(ids: list[int], num_layers: int) -> list[int]:
     return list(ids)
 
 
-def engine_layer_ids(hf_indices: list[int], engine: str) -> list[int]:
-    """Aux layer ids as an engine reads them from `eagle_aux_hidden_state_layer_ids`.
+# Targets whose SGLang model adds 1 to the layer ids only when the first one is 1 (DeepSeek-V2/V3 bodies).
+SGLANG_FIRST_ID_RULE = frozenset(
+    {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration", "Glm4MoeLiteForCausalLM"}
+)
 
-    Our ids are HF hidden_states indices (the input of decoder layer i). vLLM captures the input of
-    layer id as given; SGLang adds 1 to each id it is given, so it must be written one lower.
-    """
+
+def engine_layer_ids(hf_indices: list[int], engine: str, architecture: str = "") -> list[int]:
+    """Aux layer ids as `engine` must read them from `eagle_aux_hidden_state_layer_ids` to capture the inputs
+    of these decoder layers (HF hidden_states indices) of a target of this architecture."""
     if engine == "vllm":
         return list(hf_indices)
-    if engine == "sglang":
-        return [i - 1 for i in hf_indices]
-    raise ValueError(f"unknown engine {engine!r}; expected 'sglang' or 'vllm'")
+    if engine != "sglang":
+        raise ValueError(f"unknown engine {engine!r}; expected 'sglang' or 'vllm'")
+    if architecture not in SGLANG_FIRST_ID_RULE:
+        return [i - 1 for i in hf_indices]  # read +1 (gpt-oss too: i - 1 never reaches the layer count)
+    if hf_indices[0] == 1:
+        raise ValueError(
+            f"SGLang cannot capture hidden_states {hf_indices} of a {architecture} target: it reads a first id of 1 "
+            "as 2 and any other id unchanged; put another layer first or use EAGLE-3's default layers"
+        )
+    return list(hf_indices)  # read unchanged, as the first id is not 1
 
 
-def layer_id_forms(ids: list[int]) -> dict[str, list[int]]:
-    """The same layers in each engine's spelling."""
-    return {"hf_hidden_states": list(ids), **{e: engine_layer_ids(ids, e) for e in ("vllm", "sglang")}}
+def export_layer_ids(hf_indices: list[int], num_layers: int, engine: str, architecture: str) -> list[int] | None:
+    """`eagle_aux_hidden_state_layer_ids` for an export: None (left out) for EAGLE-3's default layers, which
+    vLLM and SGLang both capture when a draft names none, so one export serves both; else `engine`'s ids."""
+    if list(hf_indices) == default_aux_layer_ids(num_layers):
+        return None
+    return engine_layer_ids(hf_indices, engine, architecture)
+
+
+def layer_id_forms(ids: list[int], architecture: str = "") -> dict[str, list[int] | None]:
+    """The same layers in each engine's spelling (None where the engine cannot name them)."""
+    forms: dict[str, list[int] | None] = {"hf_hidden_states": list(ids)}
+    for engine in ("vllm", "sglang"):
+        try:
+            forms[engine] = engine_layer_ids(ids, engine, architecture)
+        except ValueError:
+            forms[engine] = None
+    return forms

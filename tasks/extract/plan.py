@@ -28,14 +28,15 @@ def read_target_info(config: RunConfig) -> TargetInfo:
     """Shape facts from the target's config.json (no weights loaded)."""
     from transformers import AutoConfig
 
-    cfg = AutoConfig.from_pretrained(str(model_dir(config.target)), trust_remote_code=config.target.trust_remote_code)
-    cfg = getattr(cfg, "text_config", None) or cfg
+    outer = AutoConfig.from_pretrained(str(model_dir(config.target)), trust_remote_code=config.target.trust_remote_code)
+    cfg = getattr(outer, "text_config", None) or outer
     return TargetInfo(
         model=config.target.model,
         num_hidden_layers=cfg.num_hidden_layers,
         hidden_size=cfg.hidden_size,
         vocab_size=cfg.vocab_size,
         max_positions=getattr(cfg, "max_position_embeddings", None) or 1 << 30,
+        architecture=(getattr(outer, "architectures", None) or [""])[0],
     )
 
 

