@@ -112,6 +112,8 @@ def _failure(er: Any, id_column: str) -> Failure:
     kwargs = dict(config.kwargs)
     result = er.result or {}
     column = kwargs.get("column") or kwargs.get("column_list")
+    if "column_A" in kwargs:  # a pair expectation: both columns, and the pairs it saw below
+        column = f"{kwargs['column_A']}, {kwargs['column_B']}"
     if "observed_value" in result:
         observed = _clean(result["observed_value"])
     elif "unexpected_count" in result:

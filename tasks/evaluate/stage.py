@@ -52,12 +52,15 @@ def stop_ids(config: RunConfig) -> set[int]:
     return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
 
-def decode_prompts(config: RunConfig, target, draft, layer_ids: list[int], eos_ids: set[int]) -> tuple[list[dict], list]:
-    """Per prompt: greedy and speculative outputs, τ, and whether they are identical."""
+def decode_prompts(
+    config: RunConfig, target, draft, baseline, layer_ids: list[int], eos_ids: set[int]
+) -> tuple[list[dict], list, list]:
+    """Per prompt: greedy and speculative outputs, τ, whether they are identical, and τ of the untrained
+    `baseline` draft on the same prompt."""
     ec = config.evaluate
     prompts, dropped = held_out_prompts(config)
     write_table("quarantine", dropped, stage_dir(config, "evaluate") / "quarantine.parquet")
-    rows, results = [], []
+    rows, results, baselines = [], [], []
     for p in prompts:
         started = time.perf_counter()
         plain = greedy_decode(target, p["prompt_ids"], ec.max_new_tokens, eos_ids)
@@ -65,6 +68,10 @@ def decode_prompts(config: RunConfig, target, draft, layer_ids: list[int], eos_i
         started = time.perf_counter()
         spec = speculative_decode(target, draft, p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids)
         spec_s = time.perf_counter() - started
+        untrained = speculative_decode(
+            target, baseline, p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids
+        )
+        baselines.append(untrained)
         mismatch = next((i for i, (a, b) in enumerate(zip(plain, spec.tokens, strict=False)) if a != b), None)
         if mismatch is None and len(plain) != len(spec.tokens):
             mismatch = min(len(plain), len(spec.tokens))
@@ -77,13 +84,27 @@ def decode_prompts(config: RunConfig, target, draft, layer_ids: list[int], eos_i
                 "new_tokens": len(spec.tokens),
                 "target_forwards": spec.target_forwards,
                 "acceptance_length": spec.acceptance_length,
+                "untrained_acceptance_length": untrained.acceptance_length,
                 "identical": mismatch is None,
                 "first_mismatch": mismatch,
                 "greedy_s": round(plain_s, 3),
                 "speculative_s": round(spec_s, 3),
             }
         )
-    return rows, results
+    return rows, results, baselines
+
+
+def pooled_tau(results) -> float:
+    """Tokens per verifying target forward over all prompts."""
+    return sum(sum(r.accepted) + len(r.accepted) for r in results) / max(1, sum(r.target_forwards for r in results))
+
+
+def untrained_draft(config: RunConfig, draft, target):
+    """The draft as training started it: same shape, vocabulary and seed, no training."""
+    from tasks.draft.train import fresh_draft
+
+    embed, lm_head = target.get_input_embeddings().weight.detach(), target.get_output_embeddings().weight.detach()
+    return fresh_draft(config, draft.cfg, embed, lm_head, draft.d2t, draft.t2d).to(embed.device).eval()
 
 
 def plot_acceptance(results, per_position: list[float], path: Path) -> Path:
@@ -111,14 +132,16 @@ def tau_table(summary: dict) -> str:
     lines = [
         "# Speculative decoding (greedy chain)",
         "",
-        "| prompts | draft tokens / round | τ pooled | τ mean over prompts | identical to greedy |",
-        "|---|---|---|---|---|",
+        "| prompts | draft tokens / round | τ pooled | τ untrained | τ gain | τ mean over prompts | identical to greedy |",
+        "|---|---|---|---|---|---|---|",
         f"| {summary['prompts']} | {summary['num_draft_tokens']} | {summary['acceptance_length']:.3f} | "
+        f"{summary['untrained_acceptance_length']:.3f} | {summary['tau_gain']:+.3f} | "
         f"{summary['mean_prompt_acceptance_length']:.3f} | {summary['identical']}/{summary['prompts']} |",
         "",
         "| draft position | " + " | ".join(str(i + 1) for i in range(len(summary["per_position_acceptance"]))) + " |",
         "|---|" + "---|" * len(summary["per_position_acceptance"]),
         "| accepted | " + " | ".join(f"{a:.3f}" for a in summary["per_position_acceptance"]) + " |",
+        "| accepted, untrained | " + " | ".join(f"{a:.3f}" for a in summary["untrained_per_position_acceptance"]) + " |",
     ]
     return "\n".join(lines)
 
@@ -133,7 +156,8 @@ def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = Non
     draft = load_export(export_dir, target.get_input_embeddings().weight.detach()).to(device)
     _, layer_ids = read_export_config(export_dir)
     eos_ids = stop_ids(config)
-    rows, results = decode_prompts(config, target, draft, layer_ids, eos_ids)
+    baseline = untrained_draft(config, draft, target)
+    rows, results, baselines = decode_prompts(config, target, draft, baseline, layer_ids, eos_ids)
     if not rows:
         raise ValueError(f"evaluate: no held-out prompts in {config.run_dir / 'merged' / 'eval'}")
     per_position = acceptance_by_position(results)
@@ -141,9 +165,12 @@ def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = Non
     summary = {
         "prompts": len(rows),
         "num_draft_tokens": config.evaluate.num_draft_tokens,
-        "acceptance_length": sum(sum(r.accepted) + len(r.accepted) for r in results) / max(1, forwards),
+        "acceptance_length": pooled_tau(results),
+        "untrained_acceptance_length": pooled_tau(baselines),
+        "tau_gain": pooled_tau(results) - pooled_tau(baselines),
         "mean_prompt_acceptance_length": sum(r["acceptance_length"] for r in rows) / len(rows),
         "per_position_acceptance": per_position,
+        "untrained_per_position_acceptance": acceptance_by_position(baselines),
         "identical": sum(r["identical"] for r in rows),
         "target_forwards": forwards,
         "new_tokens": sum(r["new_tokens"] for r in rows),
@@ -156,11 +183,23 @@ def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = Non
 
 
 def gate_eval(config: RunConfig) -> dict:
-    """Mean τ over prompts ≥ `evaluate.min_acceptance_length`, and every output identical to greedy."""
+    """Every output identical to greedy; the trained draft beats the untrained one on the same prompts (pooled τ,
+    by `evaluate.min_tau_gain`) and its first drafted token is accepted often enough; mean τ at its floor."""
     data = json.loads((stage_dir(config, "evaluate") / "results.json").read_text(encoding="utf-8"))
+    summary = data["summary"]
     frame = pd.DataFrame(data["prompts"])[["id", "acceptance_length", "identical"]]
-    enforce("eval", frame, parameters={"min_acceptance_length": config.evaluate.min_acceptance_length})
-    return data["summary"]
+    frame["tau"] = summary["acceptance_length"]  # pooled figures, on every row: the gate names them beside the ids
+    frame["untrained_tau"] = summary["untrained_acceptance_length"]
+    frame["tau_gain"] = summary["tau_gain"]
+    frame["first_acceptance"] = (summary["per_position_acceptance"] or [0.0])[0]
+    ec = config.evaluate
+    parameters = {
+        "min_acceptance_length": ec.min_acceptance_length,
+        "min_tau_gain": ec.min_tau_gain,
+        "min_first_acceptance": ec.min_first_acceptance,
+    }
+    enforce("eval", frame, parameters=parameters)
+    return summary
 
 
 def run_evaluate(config: RunConfig, target=None) -> dict:
@@ -170,7 +209,16 @@ def run_evaluate(config: RunConfig, target=None) -> dict:
     return summary
 
 
-FIGURES = ("prompts", "acceptance_length", "per_position_acceptance", "identical", "results", "histogram")
+FIGURES = (
+    "prompts",
+    "acceptance_length",
+    "untrained_acceptance_length",
+    "tau_gain",
+    "per_position_acceptance",
+    "identical",
+    "results",
+    "histogram",
+)
 
 
 def stage_summary(summary: dict) -> dict:

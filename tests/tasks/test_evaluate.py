@@ -100,3 +100,24 @@ def demo_model_tokenizer():
     from tasks.target.loader import load_tokenizer
 
     return load_tokenizer(TargetConfig())
+
+
+def test_a_draft_no_better_than_the_untrained_one_fails_the_gate_naming_both(trained_run, demo_model, tmp_path):
+    """The untrained draft exported as if trained: its τ is the untrained τ, which the gate must refuse."""
+    import shutil
+
+    from tasks.draft.export import ExportTarget, export_draft, load_export
+    from tasks.evaluate.stage import evaluate_draft, untrained_draft
+
+    shutil.copytree(trained_run.run_dir, tmp_path / trained_run.name)
+    config = trained_run.model_copy(update={"runs_dir": tmp_path})
+    trained = load_export(config.run_dir / "draft" / "export", demo_model.get_input_embeddings().weight)
+    baseline = untrained_draft(config, trained, demo_model)
+    export = export_draft(baseline.state_dict(), baseline.cfg, AUX_LAYER_IDS, ExportTarget(30), tmp_path / "x", dtype="float32")
+    summary = evaluate_draft(config, demo_model, export)
+    assert summary["acceptance_length"] == summary["untrained_acceptance_length"] and summary["tau_gain"] == 0
+    with pytest.raises(GateError) as failed:
+        gate_eval(config)
+    message = str(failed.value)
+    assert "tau_gain" in message and "untrained_tau" in message
+    assert message.count(str(round(summary["acceptance_length"], 4))[:5]) >= 2  # trained and untrained τ, side by side
