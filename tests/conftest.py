@@ -12,6 +12,9 @@ import tasks  # noqa: E402,F401  (offline defaults)
 from tasks.config import TargetConfig  # noqa: E402
 from tasks.target.assets import DEEPSEEK_TOKENIZER, chat_template  # noqa: E402
 
+# The vLLM suite needs vLLM installed apart (`make test-vllm` does it and says where); elsewhere it is not collected.
+collect_ignore_glob = [] if os.environ.get("DRAFTSMITH_VLLM_PYTHON") else ["vllm/*"]
+
 
 @pytest.fixture(scope="session")
 def prefect_harness():
