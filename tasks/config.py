@@ -364,6 +364,8 @@ class TrainConfig(StrictModel):
     """Processes for data-parallel training; >1 launches `torchrun` (gloo on CPU, nccl on GPUs)."""
     threads_per_rank: int = Field(1, gt=0)
     """torch threads per training process (CPU); size it to the cores you have."""
+    min_acc_0_rise: float | None = Field(0.0, ge=0)
+    """Gate: first-step accuracy must rise by more than this over the run (last vs first steps); null: not checked."""
     export_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """Weights dtype in the exported model.safetensors (what serving engines load)."""
     export_engine: Literal["sglang", "vllm"] = "sglang"
@@ -379,8 +381,9 @@ class EvaluateConfig(StrictModel):
     """Draft tokens proposed per target forward (a chain, as SGLang's steps=3/draft=4)."""
     min_acceptance_length: float = Field(1.0, ge=0)
     """Gate: mean acceptance length over prompts (tokens per target forward) must reach this."""
-    min_tau_gain: float = Field(0.0, ge=0)
-    """Gate: pooled τ must exceed the untrained draft's (same shape, vocabulary and seed) by more than this."""
+    min_tau_gain: float | None = Field(0.0, ge=0)
+    """Gate: pooled τ must exceed the untrained draft's (same shape, vocabulary and seed) by more than this.
+    null: the untrained draft is not decoded and nothing is compared (runs whose budget cannot beat it)."""
     min_first_acceptance: float = Field(0.0, ge=0, le=1)
     """Gate: share of rounds whose first drafted token is accepted must reach this."""
 

@@ -70,7 +70,7 @@ def gate_train(config: RunConfig) -> dict:
     if not records:
         raise ValueError(f"train gate: no metrics in {stage_dir(config, 'train') / 'metrics.jsonl'}")
     frame = metrics_frame(records)
-    enforce("train", frame, parameters={"ttt_steps": config.train.ttt_steps})
+    enforce("train", frame, parameters={"ttt_steps": config.train.ttt_steps, "min_acc_0_rise": config.train.min_acc_0_rise})
     last = records[-1]
     return {
         "steps": last["step"],

@@ -56,7 +56,7 @@ def decode_prompts(
     config: RunConfig, target, draft, baseline, layer_ids: list[int], eos_ids: set[int]
 ) -> tuple[list[dict], list, list]:
     """Per prompt: greedy and speculative outputs, τ, whether they are identical, and τ of the untrained
-    `baseline` draft on the same prompt."""
+    `baseline` draft on the same prompt (None: not decoded)."""
     ec = config.evaluate
     prompts, dropped = held_out_prompts(config)
     write_table("quarantine", dropped, stage_dir(config, "evaluate") / "quarantine.parquet")
@@ -68,7 +68,7 @@ def decode_prompts(
         started = time.perf_counter()
         spec = speculative_decode(target, draft, p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids)
         spec_s = time.perf_counter() - started
-        untrained = speculative_decode(
+        untrained = baseline and speculative_decode(
             target, baseline, p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids
         )
         baselines.append(untrained)
@@ -84,7 +84,7 @@ def decode_prompts(
                 "new_tokens": len(spec.tokens),
                 "target_forwards": spec.target_forwards,
                 "acceptance_length": spec.acceptance_length,
-                "untrained_acceptance_length": untrained.acceptance_length,
+                "untrained_acceptance_length": untrained.acceptance_length if untrained else None,
                 "identical": mismatch is None,
                 "first_mismatch": mismatch,
                 "greedy_s": round(plain_s, 3),
@@ -94,8 +94,10 @@ def decode_prompts(
     return rows, results, baselines
 
 
-def pooled_tau(results) -> float:
-    """Tokens per verifying target forward over all prompts."""
+def pooled_tau(results) -> float | None:
+    """Tokens per verifying target forward over all prompts (None where they were not decoded)."""
+    if not all(results):
+        return None
     return sum(sum(r.accepted) + len(r.accepted) for r in results) / max(1, sum(r.target_forwards for r in results))
 
 
@@ -128,6 +130,10 @@ def plot_acceptance(results, per_position: list[float], path: Path) -> Path:
     return path
 
 
+def figure(value: float | None, spec: str = ".3f") -> str:
+    return "not measured" if value is None else format(value, spec)
+
+
 def tau_table(summary: dict) -> str:
     lines = [
         "# Speculative decoding (greedy chain)",
@@ -135,14 +141,16 @@ def tau_table(summary: dict) -> str:
         "| prompts | draft tokens / round | τ pooled | τ untrained | τ gain | τ mean over prompts | identical to greedy |",
         "|---|---|---|---|---|---|---|",
         f"| {summary['prompts']} | {summary['num_draft_tokens']} | {summary['acceptance_length']:.3f} | "
-        f"{summary['untrained_acceptance_length']:.3f} | {summary['tau_gain']:+.3f} | "
+        f"{figure(summary['untrained_acceptance_length'])} | {figure(summary['tau_gain'], '+.3f')} | "
         f"{summary['mean_prompt_acceptance_length']:.3f} | {summary['identical']}/{summary['prompts']} |",
         "",
         "| draft position | " + " | ".join(str(i + 1) for i in range(len(summary["per_position_acceptance"]))) + " |",
         "|---|" + "---|" * len(summary["per_position_acceptance"]),
         "| accepted | " + " | ".join(f"{a:.3f}" for a in summary["per_position_acceptance"]) + " |",
-        "| accepted, untrained | " + " | ".join(f"{a:.3f}" for a in summary["untrained_per_position_acceptance"]) + " |",
     ]
+    if summary["untrained_per_position_acceptance"]:
+        untrained = summary["untrained_per_position_acceptance"]
+        lines.append("| accepted, untrained | " + " | ".join(f"{a:.3f}" for a in untrained) + " |")
     return "\n".join(lines)
 
 
@@ -156,7 +164,7 @@ def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = Non
     draft = load_export(export_dir, target.get_input_embeddings().weight.detach()).to(device)
     _, layer_ids = read_export_config(export_dir)
     eos_ids = stop_ids(config)
-    baseline = untrained_draft(config, draft, target)
+    baseline = untrained_draft(config, draft, target) if config.evaluate.min_tau_gain is not None else None
     rows, results, baselines = decode_prompts(config, target, draft, baseline, layer_ids, eos_ids)
     if not rows:
         raise ValueError(f"evaluate: no held-out prompts in {config.run_dir / 'merged' / 'eval'}")
@@ -167,10 +175,10 @@ def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = Non
         "num_draft_tokens": config.evaluate.num_draft_tokens,
         "acceptance_length": pooled_tau(results),
         "untrained_acceptance_length": pooled_tau(baselines),
-        "tau_gain": pooled_tau(results) - pooled_tau(baselines),
+        "tau_gain": None if baseline is None else pooled_tau(results) - pooled_tau(baselines),
         "mean_prompt_acceptance_length": sum(r["acceptance_length"] for r in rows) / len(rows),
         "per_position_acceptance": per_position,
-        "untrained_per_position_acceptance": acceptance_by_position(baselines),
+        "untrained_per_position_acceptance": acceptance_by_position(baselines) if baseline is not None else None,
         "identical": sum(r["identical"] for r in rows),
         "target_forwards": forwards,
         "new_tokens": sum(r["new_tokens"] for r in rows),
@@ -188,15 +196,17 @@ def gate_eval(config: RunConfig) -> dict:
     data = json.loads((stage_dir(config, "evaluate") / "results.json").read_text(encoding="utf-8"))
     summary = data["summary"]
     frame = pd.DataFrame(data["prompts"])[["id", "acceptance_length", "identical"]]
+    missing = float("nan")  # not compared: the untrained draft was not decoded
     frame["tau"] = summary["acceptance_length"]  # pooled figures, on every row: the gate names them beside the ids
-    frame["untrained_tau"] = summary["untrained_acceptance_length"]
-    frame["tau_gain"] = summary["tau_gain"]
+    frame["untrained_tau"] = summary["untrained_acceptance_length"] if summary["tau_gain"] is not None else missing
+    frame["tau_gain"] = summary["tau_gain"] if summary["tau_gain"] is not None else missing
     frame["first_acceptance"] = (summary["per_position_acceptance"] or [0.0])[0]
     ec = config.evaluate
     parameters = {
         "min_acceptance_length": ec.min_acceptance_length,
         "min_tau_gain": ec.min_tau_gain,
         "min_first_acceptance": ec.min_first_acceptance,
+        "num_draft_tokens": ec.num_draft_tokens,
     }
     enforce("eval", frame, parameters=parameters)
     return summary

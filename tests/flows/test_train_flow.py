@@ -30,7 +30,8 @@ def test_train_then_evaluate_flows(prefect_harness, tmp_path, demo_tokenizer, de
                 "checkpoint_every": 4,
                 "draft_overrides": {"intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1},
             },
-            "evaluate": {"num_prompts": 1, "max_new_tokens": 8, "num_draft_tokens": 2, "min_acceptance_length": 1.0},
+            # 8 steps on 12 chats cannot beat the untrained draft on one prompt: no comparison here.
+            "evaluate": {"num_prompts": 1, "max_new_tokens": 8, "num_draft_tokens": 2, "min_tau_gain": None},
         }
     )
     trained = train_flow(config)

@@ -47,8 +47,9 @@ TIMING_KEYS = {
 RUN_KEYS = {"requested_this_run", "from_journal"}
 # Digests over the absolute paths of the stage's inputs, which differ between the two run directories.
 PATH_KEYS = {"fingerprint"}
-# Stage records hold when each stage ran and how long it took.
-SKIPPED_FILES = {"_stage.json"}
+# Stage records hold when each stage ran and how long it took; the curves are drawn from metrics.jsonl, which is
+# compared to a tolerance below (a 1e-8 difference can move a pixel).
+SKIPPED_FILES = {"_stage.json", "curves.png"}
 # Training is not bit-reproducible between two processes (weights differ by ~1e-8 after two steps even with
 # no kill), so the draft's tensors and metrics are compared to a tolerance instead of by hash.
 NUMERIC_FILES = ("draft/checkpoints/", "draft/export/model.safetensors", "draft/metrics.jsonl")
