@@ -176,3 +176,30 @@ def table():
         print("\n\n| vLLM 0.32 (CPU) check | figure |\n|---|---|")
         for name, value in FIGURES.items():
             print(f"| {name} | {value} |")
+
+
+def test_vllm_loads_a_full_vocabulary_export_without_d2t(tmp_path, demo_model):
+    """A draft vocabulary as large as the target's: vLLM makes no d2t parameter, and the export writes none."""
+    import numpy as np
+    from safetensors import safe_open
+
+    from tasks.draft.export import ExportTarget, export_draft
+    from tasks.draft.model import DraftConfig
+    from tasks.draft.train import fresh_draft
+    from tasks.draft.vocab import build_draft_vocab
+
+    vocab_size = demo_model.config.vocab_size
+    vocab = build_draft_vocab(np.ones(vocab_size, dtype=np.int64), vocab_size)
+    cfg = DraftConfig.from_target(demo_model.config, vocab_size, {"intermediate_size": 64})
+    embed, head = demo_model.get_input_embeddings().weight.detach(), demo_model.get_output_embeddings().weight.detach()
+    draft = fresh_draft(RunConfig(), cfg, embed, head, vocab.d2t, vocab.t2d)
+    layers = demo_model.config.num_hidden_layers
+    export = export_draft(draft.state_dict(), cfg, [2, layers // 2, layers - 3], ExportTarget(layers), tmp_path / "full")
+    with safe_open(str(export / "model.safetensors"), framework="pt") as f:
+        assert "d2t" not in f.keys()
+    speculative = json.dumps({"method": "eagle3", "model": str(export), "num_speculative_tokens": 2})
+    with vllm_server(tmp_path / "full.log", "--speculative-config", speculative) as url:
+        outputs, _ = complete(url, [[1, 4093, 198]], 8)
+        drafts = counter(httpx.get(f"{url}/metrics", timeout=30).text, "vllm:spec_decode_num_drafts_total")
+    assert len(outputs[0]) == 8 and drafts > 0
+    FIGURES["full-vocabulary export (no d2t) loaded by vLLM"] = f"yes, {int(drafts)} drafts"
