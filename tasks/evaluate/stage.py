@@ -68,9 +68,11 @@ def decode_prompts(
         started = time.perf_counter()
         spec = speculative_decode(target, draft, p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids)
         spec_s = time.perf_counter() - started
-        untrained = baseline and speculative_decode(
-            target, baseline, p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids
-        )
+        untrained = None
+        if baseline is not None:
+            untrained = speculative_decode(
+                target, baseline, p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids
+            )
         baselines.append(untrained)
         mismatch = next((i for i, (a, b) in enumerate(zip(plain, spec.tokens, strict=False)) if a != b), None)
         if mismatch is None and len(plain) != len(spec.tokens):
@@ -96,7 +98,7 @@ def decode_prompts(
 
 def pooled_tau(results) -> float | None:
     """Tokens per verifying target forward over all prompts (None where they were not decoded)."""
-    if not all(results):
+    if any(r is None for r in results):
         return None
     return sum(sum(r.accepted) + len(r.accepted) for r in results) / max(1, sum(r.target_forwards for r in results))
 
@@ -170,12 +172,13 @@ def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = Non
         raise ValueError(f"evaluate: no held-out prompts in {config.run_dir / 'merged' / 'eval'}")
     per_position = acceptance_by_position(results)
     forwards = sum(r.target_forwards for r in results)
+    tau, untrained_tau = pooled_tau(results), pooled_tau(baselines)
     summary = {
         "prompts": len(rows),
         "num_draft_tokens": config.evaluate.num_draft_tokens,
-        "acceptance_length": pooled_tau(results),
-        "untrained_acceptance_length": pooled_tau(baselines),
-        "tau_gain": None if baseline is None else pooled_tau(results) - pooled_tau(baselines),
+        "acceptance_length": tau,
+        "untrained_acceptance_length": untrained_tau,
+        "tau_gain": None if untrained_tau is None else tau - untrained_tau,
         "mean_prompt_acceptance_length": sum(r["acceptance_length"] for r in rows) / len(rows),
         "per_position_acceptance": per_position,
         "untrained_per_position_acceptance": acceptance_by_position(baselines) if baseline is not None else None,

@@ -93,6 +93,9 @@ def test_evaluate_stage_writes_results_and_gates(trained_run, demo_model):
     strict = trained_run.model_copy(update={"evaluate": trained_run.evaluate.model_copy(update={"min_acceptance_length": 4.5})})
     with pytest.raises(GateError, match="acceptance_length"):
         gate_eval(strict)
+    rarely = trained_run.model_copy(update={"evaluate": trained_run.evaluate.model_copy(update={"min_first_acceptance": 1.0})})
+    with pytest.raises(GateError, match="first_acceptance"):  # a first drafted token accepted less often than asked
+        gate_eval(rarely)
 
 
 def demo_model_tokenizer():
