@@ -311,8 +311,9 @@ class MergeConfig(StrictModel):
 class ExtractConfig(StrictModel):
     """How the target's hidden states are captured and stored for offline training."""
 
-    backend: Literal["transformers"] = "transformers"
-    """The engine that runs the target; transformers is the one implemented (see tasks/extract/backend.py)."""
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """The engine that runs the target (tasks/extract/backend.py): transformers in this process, or a vLLM server
+    draftsmith starts (section `vllm`) with vLLM's `extract_hidden_states` method, for targets that need its parallelism."""
     aux_layer_ids: list[int] | None = None
     """HF hidden_states indices (= input of decoder layer i); None = [2, L//2, L-3] as EAGLE-3."""
     batch_tokens: int = Field(4096, gt=0)
@@ -373,6 +374,9 @@ class TrainConfig(StrictModel):
 
 
 class EvaluateConfig(StrictModel):
+    engine: Literal["transformers", "vllm"] = "transformers"
+    """What decodes: draftsmith's own loop in transformers, or vLLM servers it starts (section `vllm`), one without
+    the draft and one with it, τ and per-position acceptance read from vLLM's spec-decode counters."""
     num_prompts: int = Field(8, gt=0)
     """Held-out prompts (from the merged eval split) to decode."""
     max_new_tokens: int = Field(64, gt=0)
@@ -401,6 +405,21 @@ class ComputeConfig(StrictModel):
     CUDA or a CPU with native bf16, else fp32 (emulated bf16 on an AVX2-only CPU ran ~5x slower than fp32)."""
     seed: int = 0
     """Seed of the merge shuffle and split, the draft's initialisation and its batch order."""
+
+
+class VllmConfig(StrictModel):
+    """The vLLM server draftsmith starts for `extract.backend: vllm` and `evaluate.engine: vllm` (127.0.0.1 only)."""
+
+    python: str | None = None
+    """Python of an environment with vLLM installed; None = $DRAFTSMITH_VLLM_PYTHON (`make test-vllm` sets up one)."""
+    args: list[str] = Field(default_factory=list)
+    """More server arguments, e.g. ["--tensor-parallel-size", "8"]; the model, port and dtype come from this config."""
+    startup_s: float = Field(900, gt=0)
+    """Seconds to wait for /health (a first start compiles the model: minutes on CPU)."""
+    cpu_kvcache_gib: int = Field(2, gt=0)
+    """KV cache of vLLM's CPU build, GiB (VLLM_CPU_KVCACHE_SPACE); not used on GPUs."""
+    concurrency: int = Field(8, gt=0)
+    """Requests in flight at once while extracting (vLLM batches them)."""
 
 
 class OrchestrationConfig(StrictModel):
@@ -439,6 +458,8 @@ class RunConfig(StrictModel):
     """Stage 7: acceptance length of the draft on held-out prompts."""
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
     """Device, dtype and seed shared by every stage that runs a model or shuffles."""
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
+    """The vLLM server used where extract or evaluate run on vLLM."""
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
     """Task runner and schedule."""
 

@@ -114,6 +114,17 @@ def export_draft(
     return out_dir
 
 
+def export_like(state: dict[str, torch.Tensor], export_dir: Path, out_dir: Path) -> Path:
+    """Other weights of the same draft written as `export_dir` is: its config.json unchanged, tensors in its dtype."""
+    config = json.loads((Path(export_dir) / "config.json").read_text(encoding="utf-8"))
+    full_vocab = config["draft_vocab_size"] == config["vocab_size"]
+    with atomic_path(Path(out_dir) / "model.safetensors") as tmp:
+        save_file(export_tensors(state, config["torch_dtype"], full_vocab), str(tmp), metadata={"format": "pt"})
+    with atomic_path(Path(out_dir) / "config.json") as tmp:
+        tmp.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return Path(out_dir)
+
+
 def read_export_config(export_dir: Path) -> tuple[DraftConfig, list[int]]:
     """The draft config and the HF hidden_states indices of an export."""
     data = json.loads((Path(export_dir) / "config.json").read_text(encoding="utf-8"))

@@ -88,6 +88,11 @@ def fresh_draft(config: RunConfig, cfg: DraftConfig, embed, lm_head, d2t, t2d) -
     return draft
 
 
+def untrained_draft(config: RunConfig, draft: Eagle3Draft, embed, lm_head) -> Eagle3Draft:
+    """`draft` as training started it: same shape, vocabulary and seed, no training (evaluate's baseline)."""
+    return fresh_draft(config, draft.cfg, embed, lm_head, draft.d2t, draft.t2d).to(embed.device).eval()
+
+
 # Settings that may change between resumes without invalidating the checkpoints.
 RESUMABLE_FIELDS = {
     "max_steps",

@@ -12,7 +12,8 @@ from prefect import task
 from tasks.config import RunConfig
 from tasks.contracts import quarantine_row
 from tasks.draft.export import load_export, read_export_config
-from tasks.evaluate.speculative import acceptance_by_position, greedy_decode, speculative_decode
+from tasks.draft.train import untrained_draft
+from tasks.evaluate.speculative import DecodeResult, acceptance_by_position, greedy_decode, speculative_decode
 from tasks.failpoints import failpoint
 from tasks.gates import enforce
 from tasks.image_artifact import publish_image
@@ -52,33 +53,62 @@ def stop_ids(config: RunConfig) -> set[int]:
     return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
 
-def decode_prompts(
-    config: RunConfig, target, draft, baseline, layer_ids: list[int], eos_ids: set[int]
-) -> tuple[list[dict], list, list]:
-    """Per prompt: greedy and speculative outputs, τ, whether they are identical, and τ of the untrained
-    `baseline` draft on the same prompt (None: not decoded)."""
+Decoded = tuple[list[tuple[DecodeResult, float]], list[tuple[DecodeResult, float]], list[DecodeResult | None]]
+
+
+def decode_with_transformers(config: RunConfig, prompts: list[dict], target, export_dir: Path, eos_ids: set[int]) -> Decoded:
+    """draftsmith's own loop: per prompt greedy, then speculative with the export, then with the untrained draft
+    (only when the gate compares them); each with its seconds."""
     ec = config.evaluate
-    prompts, dropped = held_out_prompts(config)
-    write_table("quarantine", dropped, stage_dir(config, "evaluate") / "quarantine.parquet")
-    rows, results, baselines = [], [], []
+    embed, lm_head = target.get_input_embeddings().weight.detach(), target.get_output_embeddings().weight.detach()
+    draft = load_export(export_dir, embed).to(embed.device)
+    _, layer_ids = read_export_config(export_dir)
+    baseline = untrained_draft(config, draft, embed, lm_head) if ec.min_tau_gain is not None else None
+    plain, spec, untrained = [], [], []
     for p in prompts:
         started = time.perf_counter()
-        plain = greedy_decode(target, p["prompt_ids"], ec.max_new_tokens, eos_ids)
-        plain_s = time.perf_counter() - started
+        tokens = greedy_decode(target, p["prompt_ids"], ec.max_new_tokens, eos_ids)
+        plain.append((DecodeResult(tokens=tokens), time.perf_counter() - started))
         started = time.perf_counter()
-        spec = speculative_decode(target, draft, p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids)
-        spec_s = time.perf_counter() - started
-        untrained = None
+        result = speculative_decode(target, draft, p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids)
+        spec.append((result, time.perf_counter() - started))
         if baseline is not None:
-            untrained = speculative_decode(
-                target, baseline, p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids
-            )
-        baselines.append(untrained)
-        mismatch = next((i for i, (a, b) in enumerate(zip(plain, spec.tokens, strict=False)) if a != b), None)
-        if mismatch is None and len(plain) != len(spec.tokens):
-            mismatch = min(len(plain), len(spec.tokens))
-        results.append(spec)
+            args = (p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids)
+            untrained.append(speculative_decode(target, baseline, *args))
+        else:
+            untrained.append(None)
         failpoint("evaluate.prompt")
+    return plain, spec, untrained
+
+
+def decode_with_vllm(config: RunConfig, prompts: list[dict], export_dir: Path, eos_ids: set[int]) -> Decoded:
+    """vLLM servers without a draft, with the export and (when the gate compares them) with the untrained draft,
+    exported as the trained one is (evaluate/untrained-export)."""
+    from tasks.draft.export import export_like
+    from tasks.draft.train import load_target_pieces
+    from tasks.evaluate.vllm_engine import decode_served, speculative_options
+
+    out, k = stage_dir(config, "evaluate"), config.evaluate.num_draft_tokens
+    ids = [p["prompt_ids"] for p in prompts]
+    plain = decode_served(config, out / "vllm-greedy.log", [], ids, eos_ids)
+    spec = decode_served(config, out / "vllm-draft.log", speculative_options(export_dir, k), ids, eos_ids)
+    untrained: list[DecodeResult | None] = [None] * len(prompts)
+    if config.evaluate.min_tau_gain is not None:
+        pieces = load_target_pieces(config, keep_model=False)
+        baseline = untrained_draft(config, load_export(export_dir, pieces.embed), pieces.embed, pieces.lm_head)
+        baseline_dir = export_like(baseline.state_dict(), export_dir, out / "untrained-export")
+        served = decode_served(config, out / "vllm-untrained.log", speculative_options(baseline_dir, k), ids, eos_ids)
+        untrained = [result for result, _ in served]
+    return plain, spec, untrained
+
+
+def prompt_rows(prompts: list[dict], decoded: Decoded) -> list[dict]:
+    """Per prompt: τ of the draft and of the untrained one, whether the output is greedy's, and the seconds."""
+    rows = []
+    for p, (plain, plain_s), (spec, spec_s), untrained in zip(prompts, *decoded, strict=True):
+        mismatch = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens, strict=False)) if a != b), None)
+        if mismatch is None and len(plain.tokens) != len(spec.tokens):
+            mismatch = min(len(plain.tokens), len(spec.tokens))
         rows.append(
             {
                 "id": p["id"],
@@ -89,11 +119,12 @@ def decode_prompts(
                 "untrained_acceptance_length": untrained.acceptance_length if untrained else None,
                 "identical": mismatch is None,
                 "first_mismatch": mismatch,
+                "greedy_tokens": len(plain.tokens),
                 "greedy_s": round(plain_s, 3),
                 "speculative_s": round(spec_s, 3),
             }
         )
-    return rows, results, baselines
+    return rows
 
 
 def pooled_tau(results) -> float | None:
@@ -101,14 +132,6 @@ def pooled_tau(results) -> float | None:
     if any(r is None for r in results):
         return None
     return sum(sum(r.accepted) + len(r.accepted) for r in results) / max(1, sum(r.target_forwards for r in results))
-
-
-def untrained_draft(config: RunConfig, draft, target):
-    """The draft as training started it: same shape, vocabulary and seed, no training."""
-    from tasks.draft.train import fresh_draft
-
-    embed, lm_head = target.get_input_embeddings().weight.detach(), target.get_output_embeddings().weight.detach()
-    return fresh_draft(config, draft.cfg, embed, lm_head, draft.d2t, draft.t2d).to(embed.device).eval()
 
 
 def plot_acceptance(results, per_position: list[float], path: Path) -> Path:
@@ -153,27 +176,41 @@ def tau_table(summary: dict) -> str:
     if summary["untrained_per_position_acceptance"]:
         untrained = summary["untrained_per_position_acceptance"]
         lines.append("| accepted, untrained | " + " | ".join(f"{a:.3f}" for a in untrained) + " |")
+    greedy, spec = summary["greedy_tokens_per_s"], summary["speculative_tokens_per_s"]
+    lines += [
+        "",
+        "| engine | tokens/s greedy | tokens/s speculative | speculative / greedy |",
+        "|---|---|---|---|",
+        f"| {summary['engine']} | {figure(greedy, '.1f')} | {figure(spec, '.1f')} | "
+        f"{figure(spec / greedy if greedy and spec else None, '.2f')}x |",
+    ]
     return "\n".join(lines)
 
 
 def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = None) -> dict:
     """Decode the held-out prompts both ways and write `eval/results.json` and `eval/acceptance.png`."""
-    from tasks.target.loader import pick_device, shared_model
-
     export_dir = Path(export_dir or stage_dir(config, "train") / "export")
-    target = target if target is not None else shared_model(config.target).to(pick_device(config.compute.device))
-    device = next(target.parameters()).device
-    draft = load_export(export_dir, target.get_input_embeddings().weight.detach()).to(device)
-    _, layer_ids = read_export_config(export_dir)
-    eos_ids = stop_ids(config)
-    baseline = untrained_draft(config, draft, target) if config.evaluate.min_tau_gain is not None else None
-    rows, results, baselines = decode_prompts(config, target, draft, baseline, layer_ids, eos_ids)
-    if not rows:
+    prompts, dropped = held_out_prompts(config)
+    out = stage_dir(config, "evaluate")
+    write_table("quarantine", dropped, out / "quarantine.parquet")
+    if not prompts:
         raise ValueError(f"evaluate: no held-out prompts in {config.run_dir / 'merged' / 'eval'}")
+    eos_ids = stop_ids(config)
+    if config.evaluate.engine == "vllm":
+        decoded = decode_with_vllm(config, prompts, export_dir, eos_ids)
+    else:
+        from tasks.target.loader import pick_device, shared_model
+
+        target = target if target is not None else shared_model(config.target).to(pick_device(config.compute.device))
+        decoded = decode_with_transformers(config, prompts, target, export_dir, eos_ids)
+    rows = prompt_rows(prompts, decoded)
+    results, baselines = [r for r, _ in decoded[1]], decoded[2]
     per_position = acceptance_by_position(results)
-    forwards = sum(r.target_forwards for r in results)
     tau, untrained_tau = pooled_tau(results), pooled_tau(baselines)
+    greedy_s, spec_s = sum(r["greedy_s"] for r in rows), sum(r["speculative_s"] for r in rows)
+    new_tokens = sum(r["new_tokens"] for r in rows)
     summary = {
+        "engine": config.evaluate.engine,
         "prompts": len(rows),
         "num_draft_tokens": config.evaluate.num_draft_tokens,
         "acceptance_length": tau,
@@ -181,12 +218,13 @@ def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = Non
         "tau_gain": None if untrained_tau is None else tau - untrained_tau,
         "mean_prompt_acceptance_length": sum(r["acceptance_length"] for r in rows) / len(rows),
         "per_position_acceptance": per_position,
-        "untrained_per_position_acceptance": acceptance_by_position(baselines) if baseline is not None else None,
+        "untrained_per_position_acceptance": None if untrained_tau is None else acceptance_by_position(baselines),
         "identical": sum(r["identical"] for r in rows),
-        "target_forwards": forwards,
-        "new_tokens": sum(r["new_tokens"] for r in rows),
+        "target_forwards": sum(r.target_forwards for r in results),
+        "new_tokens": new_tokens,
+        "greedy_tokens_per_s": sum(r["greedy_tokens"] for r in rows) / greedy_s if greedy_s else None,
+        "speculative_tokens_per_s": new_tokens / spec_s if spec_s else None,
     }
-    out = stage_dir(config, "evaluate")
     with atomic_path(out / "results.json") as tmp:
         tmp.write_text(json.dumps({"summary": summary, "prompts": rows}, indent=2), encoding="utf-8")
     plot_acceptance(results, per_position, out / "acceptance.png")
@@ -223,12 +261,15 @@ def run_evaluate(config: RunConfig, target=None) -> dict:
 
 
 FIGURES = (
+    "engine",
     "prompts",
     "acceptance_length",
     "untrained_acceptance_length",
     "tau_gain",
     "per_position_acceptance",
     "identical",
+    "greedy_tokens_per_s",
+    "speculative_tokens_per_s",
     "results",
     "histogram",
 )

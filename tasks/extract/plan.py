@@ -96,6 +96,7 @@ def extraction_settings(config: RunConfig, info: TargetInfo) -> dict:
     return {
         "format": FORMAT_VERSION,
         "target": config.target.model_dump(mode="json"),
+        "backend": config.extract.backend,
         "aux_layer_ids": aux_layer_ids(config, info),
         "dtype": resolve_dtype(config.compute.dtype, device),
         "batch_tokens": config.extract.batch_tokens,

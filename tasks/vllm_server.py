@@ -1,0 +1,123 @@
+"""A vLLM OpenAI-compatible server that draftsmith starts itself on 127.0.0.1 (extract.backend and evaluate.engine
+`vllm`), from the Python environment vLLM is installed in (`vllm.python`, else $DRAFTSMITH_VLLM_PYTHON)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from tasks.config import RunConfig
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def vllm_python(config: RunConfig) -> str:
+    python = config.vllm.python or os.environ.get("DRAFTSMITH_VLLM_PYTHON")
+    if not python:
+        raise ValueError(
+            "vllm.python is not set and neither is DRAFTSMITH_VLLM_PYTHON: name the Python of an environment with vLLM "
+            "installed (`make test-vllm` sets one up in .venv-vllm)"
+        )
+    return python
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """`python -m vllm.entrypoints.openai.api_server` on the target (`vllm serve` trips on the package name), killed
+    with its process group on stop or at exit. Use as a context manager, or `start()` / `stop()`."""
+
+    def __init__(self, config: RunConfig, log: Path, options: list[str], max_model_len: int):
+        from tasks.extract.transformers_backend import resolve_dtype
+        from tasks.target.loader import model_dir, pick_device
+
+        self.config, self.log, self.port = config, Path(log), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [
+            vllm_python(config),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir(config.target)),
+            "--served-model-name",
+            config.target.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(max_model_len),
+            "--dtype",
+            resolve_dtype(config.compute.dtype, pick_device(config.compute.device)),
+            *config.vllm.args,
+            *options,
+        ]
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> str:
+        """Start the server and wait for /health; returns its base URL."""
+        path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)  # our connector
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(self.config.vllm.cpu_kvcache_gib), PYTHONPATH=path)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "w") as out:
+            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + self.config.vllm.startup_s
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vLLM exited {self.process.returncode} while starting; {self.log}:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self.url
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                waited = self.config.vllm.startup_s
+                raise TimeoutError(f"vLLM did not answer /health in {waited:.0f} s; {self.log}:\n{self.tail()}")
+            time.sleep(2)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=30).text
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def counter(metrics: str, name: str, **labels: str) -> float:
+    """A Prometheus counter's value, summed over the label sets that carry `labels`."""
+    total = 0.0
+    for label_text, value in re.findall(rf"^{re.escape(name)}(?:{{([^}}]*)}})? ([0-9.e+-]+)$", metrics, re.M):
+        found = dict(re.findall(r'(\w+)="([^"]*)"', label_text))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(value)
+    return total
