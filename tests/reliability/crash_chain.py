@@ -41,6 +41,8 @@ TIMING_KEYS = {
     "greedy_s",
     "speculative_s",
     "tokens_per_s",
+    "greedy_tokens_per_s",
+    "speculative_tokens_per_s",
     "seconds",
 }
 # How many rows this run asked for versus found in the journal: differs by design after a resume.
