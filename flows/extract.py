@@ -8,10 +8,12 @@ import tasks  # noqa: F401  (offline defaults before Prefect is imported)
 from tasks.config import RunConfig
 from tasks.extract.checks import gate_task
 from tasks.extract.stage import TASKS
+from tasks.run_lock import holds_run_lock
 from tasks.target.preflight import stage_preflight
 
 
 @flow(name="extract")
+@holds_run_lock
 def extract_flow(config: RunConfig, force: bool = False) -> dict:
     """merged/ -> hidden_states/ shards (force: even those already done), index.parquet and meta.json, gated."""
     stage_preflight(config.target)

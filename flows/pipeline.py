@@ -9,6 +9,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
 from tasks.config import RunConfig
+from tasks.run_lock import holds_run_lock
 from tasks.run_report import run_report_markdown
 from tasks.runners import build_task_runner
 from tasks.stage_record import current_summary, save_record
@@ -36,6 +37,7 @@ def run_stage(stage: str, config: RunConfig, force: bool) -> dict:
 
 
 @flow(name="eagle3_pipeline", log_prints=True)
+@holds_run_lock
 def eagle3_pipeline(config: RunConfig, force: list[StageName] | None = None) -> dict:
     """Preflight, then generate -> reconstruct -> validate -> merge -> extract -> train -> evaluate.
 

@@ -4,10 +4,12 @@ from prefect import flow
 
 from tasks.config import RunConfig
 from tasks.draft.stage import export_task, gate_train_task, stage_summary, train_task
+from tasks.run_lock import holds_run_lock
 from tasks.target.preflight import stage_preflight
 
 
 @flow(name="train", log_prints=True)
+@holds_run_lock
 def train_flow(config: RunConfig, force: bool = False) -> dict:
     """Train the draft (force: from scratch, not from the last checkpoint), gate its metrics, export it."""
     stage_preflight(config.target)
