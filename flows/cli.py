@@ -115,39 +115,63 @@ def run(
         if name not in STAGE_NAMES:
             console.print(f"[red]unknown stage {name!r}; stages: {', '.join(STAGE_NAMES)}[/red]")
             raise typer.Exit(2)
-    if stage is None:
-        results = eagle3_pipeline(cfg, force)
-    else:
-        results = {stage: call_stage_flow(stage_flow(stage), cfg, stage in force)}
+    from prefect import tags
+
+    with tags(cfg.name, stage or "pipeline"):
+        if stage is None:
+            results = eagle3_pipeline(cfg, force)
+        else:
+            results = {stage: call_stage_flow(stage_flow(stage), cfg, stage in force)}
     print_outputs(cfg, results)
 
 
 @app.command()
 def demo(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
     """Run the whole pipeline on the embedded default (SmolLM2 served locally), end to end."""
+    from prefect import tags
+
     from flows.pipeline import eagle3_pipeline
 
     fetch_demo_model()
     cfg = read_config(config, set_)
-    print_outputs(cfg, eagle3_pipeline(cfg))
+    with tags(cfg.name, "pipeline"):
+        results = eagle3_pipeline(cfg)
+    print_outputs(cfg, results)
+
+
+def ui_url() -> str | None:
+    """The Prefect UI this process records to (None: a temporary local API)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
+
+    return PREFECT_UI_URL.value() if PREFECT_API_URL.value() else None
 
 
 @app.command()
 def deploy(
     config: Path = ConfigOption,
     set_: list[str] = SetOption,
-    serve: bool = typer.Option(True, help="Keep serving scheduled and UI-triggered runs (else only register)."),
+    serve: bool = typer.Option(True, help="Then run a worker for the pool until stopped (else only register)."),
 ) -> None:
-    """Register the pipeline (scheduled by orchestration.schedule_cron) and each stage flow as deployments."""
-    from flows.deploy import register, serve_deployments
+    """Register the pipeline (scheduled by orchestration.schedule_cron) and each stage flow on the config's work pool."""
+    from flows.deploy import register
 
     cfg = read_config(config, set_)
+    ui = ui_url()
+    for name, deployment_id in register(cfg):
+        link = f"  {ui}/deployments/deployment/{deployment_id}" if ui else ""
+        console.print(f"registered {name} on work pool {cfg.orchestration.work_pool!r}{link}", highlight=False, soft_wrap=True)
     if serve:
-        console.print("serving deployments; trigger or schedule runs from the UI, Ctrl-C (SIGTERM) to stop")
-        serve_deployments(cfg)
-    else:
-        for deployment_id in register(cfg):
-            console.print(f"registered deployment {deployment_id}")
+        worker(config, set_)
+
+
+@app.command()
+def worker(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
+    """Run the deployments' flow runs: a process worker for orchestration.work_pool, until Ctrl-C or SIGTERM."""
+    from flows.deploy import run_worker
+
+    cfg = read_config(config, set_)
+    console.print(f"worker for pool {cfg.orchestration.work_pool!r}: runs triggered or scheduled in the UI start here")
+    run_worker(cfg.orchestration.work_pool)
 
 
 def print_outputs(cfg: RunConfig, results: dict) -> None:
@@ -172,10 +196,14 @@ def print_outputs(cfg: RunConfig, results: dict) -> None:
     console.print(f"draft (SGLang/vLLM EAGLE-3): {run / 'draft' / 'export'}")
     console.print(f"validation report:           {run / 'validation' / 'report.md'}")
     console.print(f"eval report:                 {run / 'eval' / 'results.json'}  (plot: {run / 'eval' / 'acceptance.png'})")
-    console.print(
-        "Prefect UI: start `.venv/bin/prefect server start --host 127.0.0.1 --port 4200`, open http://127.0.0.1:4200, "
-        "and run with PREFECT_API_URL=http://127.0.0.1:4200/api to record runs, task histories and artifacts there."
-    )
+    ui = ui_url()
+    if ui:
+        console.print(f"Prefect UI: runs, task histories and artifacts at {ui}/runs", highlight=False)
+    else:
+        console.print(
+            "Prefect UI: start `.venv/bin/prefect server start --host 127.0.0.1 --port 4200`, open http://127.0.0.1:4200, "
+            "and run with PREFECT_API_URL=http://127.0.0.1:4200/api to record runs, task histories and artifacts there."
+        )
 
 
 PortOption = typer.Option(8000, "--port", help="Port on 127.0.0.1.")

@@ -1,44 +1,96 @@
-"""Deployments: the pipeline (scheduled from the config) and every stage flow, served by one process."""
+"""Deployments on a process work pool: the pipeline (scheduled from the config) and every stage flow.
+
+`register` creates the pool if it is missing and registers the deployments on it; a worker for the pool
+(`draftsmith worker`, or `prefect worker start --pool NAME`) runs their flow runs from the project root.
+Stopping a worker pauses nothing: scheduled runs wait (Late) until a worker serves the pool again. Each
+deployment runs one flow run at a time (concurrency limit 1), so a schedule never overlaps a running
+pipeline of the same config; the run directory's lock guards runs started any other way.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from flows.pipeline import eagle3_pipeline
 from tasks.config import RunConfig
-from tasks.stages import STAGE_NAMES, stage_flow
+from tasks.stages import STAGE_NAMES, stage, stage_flow
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def entrypoint(flow_ref: str) -> str:
+    """ "flows.generate:generate_flow" -> "flows/generate.py:generate_flow" (relative to the project root)."""
+    module, attribute = flow_ref.split(":")
+    return f"{module.replace('.', '/')}.py:{attribute}"
 
 
 def build_deployments(config: RunConfig) -> list:
     """The pipeline deployment (with the config's cron schedule) plus one unscheduled deployment per stage."""
-    parameters = {"config": config.model_dump(mode="json")}
-    cron = config.orchestration.schedule_cron
-    deployments = [
-        eagle3_pipeline.to_deployment(
-            name=config.name,
-            cron=cron,
-            parameters=parameters,
-            tags=["draftsmith", "pipeline"],
-            description=f"The whole chain for run {config.name!r}" + (f", on schedule {cron!r}" if cron else ""),
+    from prefect.client.schemas.schedules import CronSchedule
+
+    orchestration = config.orchestration
+    common = {
+        "parameters": {"config": config.model_dump(mode="json")},
+        "work_pool_name": orchestration.work_pool,
+        "job_variables": {"working_dir": str(PROJECT_ROOT)},
+        "concurrency_limit": 1,
+    }
+    cron = orchestration.schedule_cron
+    schedule = CronSchedule(cron=cron, timezone=orchestration.schedule_timezone) if cron else None
+    pipeline = eagle3_pipeline.to_deployment(
+        name=config.name,
+        schedules=[schedule] if schedule else None,
+        tags=["draftsmith", "pipeline", config.name],
+        description=f"The whole chain for run {config.name!r}"
+        + (f", on schedule {cron!r} ({orchestration.schedule_timezone})" if cron else ""),
+        **common,
+    )
+    pipeline.entrypoint = entrypoint("flows.pipeline:eagle3_pipeline")
+    deployments = [pipeline]
+    for name in STAGE_NAMES:
+        deployment = stage_flow(name).to_deployment(
+            name=f"{config.name}-{name}",
+            tags=["draftsmith", name, config.name],
+            description=f"Stage {name} alone for run {config.name!r}",
+            **common,
         )
-    ]
-    for stage in STAGE_NAMES:
-        deployments.append(
-            stage_flow(stage).to_deployment(
-                name=f"{config.name}-{stage}",
-                parameters=parameters,
-                tags=["draftsmith", "stage"],
-                description=f"Stage {stage} alone for run {config.name!r}",
-            )
-        )
+        deployment.entrypoint = entrypoint(stage(name).flow)
+        deployments.append(deployment)
     return deployments
 
 
-def register(config: RunConfig) -> list[str]:
-    """Register (or update) the deployments with the Prefect API; returns their ids."""
-    return [str(d.apply()) for d in build_deployments(config)]
+def ensure_work_pool(name: str) -> bool:
+    """Create the process work pool unless it exists; True when it was created."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.workers.process import ProcessWorker
+
+    template = ProcessWorker.get_default_base_job_template()
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_work_pool(WorkPoolCreate(name=name, type="process", base_job_template=template))
+        except ObjectAlreadyExists:
+            return False
+    return True
 
 
-def serve_deployments(config: RunConfig) -> None:
-    """Register the deployments and run their scheduled and UI-triggered runs until stopped."""
-    from prefect import serve
+def register(config: RunConfig) -> list[tuple[str, str]]:
+    """Create the work pool if needed and register (or update) the deployments; (flow/deployment name, id) each."""
+    ensure_work_pool(config.orchestration.work_pool)
+    registered = []
+    for deployment in build_deployments(config):
+        registered.append((f"{deployment.flow_name}/{deployment.name}", str(deployment.apply())))
+    return registered
 
-    serve(*build_deployments(config))
+
+def run_worker(pool: str) -> None:
+    """Run a process worker for `pool` until stopped (Ctrl-C or SIGTERM)."""
+    import anyio
+    from prefect.workers.process import ProcessWorker
+
+    async def work() -> None:
+        async with ProcessWorker(work_pool_name=pool) as worker:
+            await worker.start()
+
+    anyio.run(work)

@@ -9,10 +9,11 @@ from tasks.config import RunConfig
 from tasks.extract.checks import gate_task
 from tasks.extract.stage import TASKS
 from tasks.run_lock import holds_run_lock
+from tasks.stages import run_name
 from tasks.target.preflight import stage_preflight
 
 
-@flow(name="extract")
+@flow(name="extract", flow_run_name=run_name("extract"))
 @holds_run_lock
 def extract_flow(config: RunConfig, force: bool = False) -> dict:
     """merged/ -> hidden_states/ shards (force: even those already done), index.parquet and meta.json, gated."""

@@ -9,10 +9,11 @@ from tasks.config import RunConfig
 from tasks.generate.gate import gate_generations_task
 from tasks.generate.stage import generate_task
 from tasks.run_lock import holds_run_lock
+from tasks.stages import run_name
 from tasks.target.preflight import stage_preflight
 
 
-@flow(name="generate")
+@flow(name="generate", flow_run_name=run_name("generate"))
 @holds_run_lock
 def generate_flow(config: RunConfig, force: bool = False) -> dict:
     """Generate replies for every configured prompt source (force: retry permanent failures too), gate the table."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from prefect import flow
+from prefect import flow, tags
 from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
@@ -13,7 +13,7 @@ from tasks.run_lock import holds_run_lock
 from tasks.run_report import run_report_markdown
 from tasks.runners import build_task_runner
 from tasks.stage_record import current_summary, save_record
-from tasks.stages import STAGE_NAMES, StageName, stage_flow
+from tasks.stages import STAGE_NAMES, StageName, run_name, stage_flow
 from tasks.target.preflight import preflight_task
 
 
@@ -31,12 +31,14 @@ def run_stage(stage: str, config: RunConfig, force: bool) -> dict:
         get_run_logger().info("stage %s is up to date (same config and inputs): skipped", stage)
         return summary | {"skipped": True}
     started = time.time()
-    summary = call_stage_flow(stage_flow(stage).with_options(task_runner=build_task_runner(config.orchestration)), config, force)
+    subflow = stage_flow(stage).with_options(task_runner=build_task_runner(config.orchestration))
+    with tags(config.name, stage):
+        summary = call_stage_flow(subflow, config, force)
     save_record(config, stage, summary, started)
     return summary
 
 
-@flow(name="eagle3_pipeline", log_prints=True)
+@flow(name="eagle3_pipeline", flow_run_name=run_name("pipeline"), log_prints=True)
 @holds_run_lock
 def eagle3_pipeline(config: RunConfig, force: list[StageName] | None = None) -> dict:
     """Preflight, then generate -> reconstruct -> validate -> merge -> extract -> train -> evaluate.

@@ -8,10 +8,11 @@ import tasks  # noqa: F401  (offline defaults before Prefect is imported)
 from tasks.config import RunConfig
 from tasks.reconstruct.stage import TASKS, gate_task
 from tasks.run_lock import holds_run_lock
+from tasks.stages import run_name
 from tasks.target.preflight import stage_preflight
 
 
-@flow(name="reconstruct")
+@flow(name="reconstruct", flow_run_name=run_name("reconstruct"))
 @holds_run_lock
 def reconstruct_flow(config: RunConfig, force: bool = False) -> dict:
     """Rebuild every generations shard (force: even those already done), collect quarantine, gate the table."""

@@ -5,10 +5,11 @@ from prefect import flow
 from tasks.config import RunConfig
 from tasks.draft.stage import export_task, gate_train_task, stage_summary, train_task
 from tasks.run_lock import holds_run_lock
+from tasks.stages import run_name
 from tasks.target.preflight import stage_preflight
 
 
-@flow(name="train", log_prints=True)
+@flow(name="train", flow_run_name=run_name("train"), log_prints=True)
 @holds_run_lock
 def train_flow(config: RunConfig, force: bool = False) -> dict:
     """Train the draft (force: from scratch, not from the last checkpoint), gate its metrics, export it."""

@@ -431,6 +431,11 @@ class OrchestrationConfig(StrictModel):
     """Address of an existing Dask scheduler or Ray cluster; None starts a local one."""
     schedule_cron: str | None = None
     """Cron schedule for `draftsmith deploy`; None registers without a schedule."""
+    schedule_timezone: str = "UTC"
+    """Time zone the cron schedule is read in (IANA name, e.g. Europe/Paris)."""
+    work_pool: str = "draftsmith"
+    """Prefect work pool (type process) the deployments are registered on; `draftsmith deploy` creates it, and
+    `draftsmith worker` (or `prefect worker start --pool NAME`) runs its flow runs."""
 
 
 class RunConfig(StrictModel):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import inspect
 import json
 import logging
 import os
@@ -97,4 +98,5 @@ def holds_run_lock(fn):
         with run_lock(config):
             return fn(config, *args, **kwargs)
 
+    locked.__signature__ = inspect.signature(fn, eval_str=True)  # types resolved where `fn` was written
     return locked

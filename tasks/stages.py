@@ -7,6 +7,7 @@ depends on, its gate suite and artifacts, its flow) and in `tasks/<stage>/` + `f
 from __future__ import annotations
 
 import importlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -109,6 +110,19 @@ def stage(name: str) -> Stage:
 def stage_dir(config: RunConfig, name: str) -> Path:
     """Where a stage writes, under the run directory."""
     return config.run_dir / stage(name).out_dir
+
+
+def run_name(flow_name: str):
+    """A flow's `flow_run_name`: `<config name>-<flow>-<MMDD-HHMMSS>`, so each run says which config and stage it is."""
+
+    def name() -> str:
+        from prefect.runtime import flow_run
+
+        config = flow_run.parameters.get("config")
+        config_name = config.get("name") if isinstance(config, dict) else getattr(config, "name", None)
+        return f"{config_name or 'run'}-{flow_name}-{time.strftime('%m%d-%H%M%S')}"
+
+    return name
 
 
 def stage_flow(name: str):

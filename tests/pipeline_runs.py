@@ -38,7 +38,7 @@ def run_tiny(runs_dir: Path, api_url: str | None = None, env: dict | None = None
     return run_cli(args, api_url=api_url, env=env)
 
 
-def tree_hashes(root: Path, skip: tuple[str, ...] = ("_stage.json",)) -> dict[str, str]:
+def tree_hashes(root: Path, skip: tuple[str, ...] = ("_stage.json", ".lock")) -> dict[str, str]:
     """sha256 of every file under `root`, by relative path."""
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -48,5 +48,6 @@ def tree_hashes(root: Path, skip: tuple[str, ...] = ("_stage.json",)) -> dict[st
 
 
 def tree_stats(root: Path) -> dict[str, tuple[int, int]]:
-    """(size, mtime_ns) of every file under `root`: unchanged means nothing was rewritten."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()}
+    """(size, mtime_ns) of every output under `root` (not the run's lock): unchanged means nothing was rewritten."""
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".lock"]
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in files}

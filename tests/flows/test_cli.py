@@ -2,7 +2,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 
-COMMANDS = ["fetch-demo-model", "fetch-assets", "preflight", "run", "demo", "deploy", "serve-target"]
+COMMANDS = ["fetch-demo-model", "fetch-assets", "preflight", "run", "demo", "deploy", "worker", "serve-target"]
 
 
 def test_every_command_is_there_with_help():

@@ -1,13 +1,17 @@
 """eagle3_pipeline against a real Prefect server: runs, subflows, task history, artifacts, reruns, deployments."""
 
+import os
 import shutil
+import subprocess
+import sys
+import time
 
 import httpx
 import pytest
 
 from tasks.run_report import STAGE_ARTIFACTS
 from tasks.stages import STAGE_NAMES
-from tests.pipeline_runs import TINY, run_cli, run_tiny, tree_hashes, tree_stats
+from tests.pipeline_runs import ROOT, TINY, run_cli, run_tiny, tree_hashes, tree_stats
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +34,7 @@ def test_parent_subflows_tasks_and_artifacts_are_recorded(tiny_run, prefect_serv
     parents = [r for r in runs if names[r["flow_id"]] == "eagle3_pipeline"]
     assert len(parents) == 1 and parents[0]["state_type"] == "COMPLETED"
     parent = parents[0]
+    assert parent["name"].startswith("tiny-pipeline-") and {"tiny", "pipeline"} <= set(parent["tags"])
 
     tasks = api(prefect_server, "/task_runs/filter")
     by_id = {t["id"]: t for t in tasks}
@@ -37,6 +42,7 @@ def test_parent_subflows_tasks_and_artifacts_are_recorded(tiny_run, prefect_serv
     assert set(subflows) == STAGE_FLOWS
     for stage, run in subflows.items():
         assert run["state_type"] == "COMPLETED", stage
+        assert run["name"].startswith(f"tiny-{stage}-") and {"tiny", stage} <= set(run["tags"]), run
         assert by_id[run["parent_task_run_id"]]["flow_run_id"] == parent["id"], stage
 
     stage_tasks = [t for t in tasks if t["flow_run_id"] in {r["id"] for r in subflows.values()}]
@@ -85,17 +91,52 @@ def test_changed_config_reruns_that_stage_and_downstream_only(tiny_run, prefect_
     assert {k for k in after if after[k] != before.get(k)} <= {k for k in after if k.startswith("eval/")}
 
 
-def test_deploy_registers_pipeline_with_schedule_and_every_stage(prefect_server):
-    done = run_cli(
-        ["deploy", "--no-serve", "--config", str(TINY), "--set", "orchestration.schedule_cron=0 3 * * *"],
-        api_url=prefect_server,
-    )
+def test_a_deployment_triggered_by_api_runs_on_a_worker_named_and_tagged(tiny_run, prefect_server, tmp_path):
+    """`deploy --no-serve` registers on a process pool it creates; a worker runs the pipeline triggered by API.
+
+    The deployment's config is the finished tiny run (a copy) with evaluate changed, so evaluate reruns and
+    every other stage is skipped as up to date."""
+    run_dir, _, _ = tiny_run
+    shutil.copytree(run_dir, tmp_path / "tiny")
+    config = ["--config", str(TINY), "--set", f"runs_dir={tmp_path}", "--set", "orchestration.work_pool=tiny-pool"]
+    schedule = ["--set", "orchestration.schedule_cron=0 3 * * *", "--set", "orchestration.schedule_timezone=Europe/Paris"]
+    done = run_cli(["deploy", "--no-serve", *config, *schedule, "--set", "evaluate.max_new_tokens=6"], api_url=prefect_server)
     assert done.returncode == 0, done.stderr[-3000:]
+    ui = prefect_server.removesuffix("/api")
+    assert f"registered eagle3_pipeline/tiny on work pool 'tiny-pool'  {ui}/deployments/deployment/" in done.stdout
+    pools = {p["name"]: p for p in api(prefect_server, "/work_pools/filter")}
+    assert pools["tiny-pool"]["type"] == "process"
+
     names = flow_names(prefect_server)
     deployments = {d["name"]: d for d in api(prefect_server, "/deployments/filter")}
     pipeline = deployments["tiny"]
-    assert names[pipeline["flow_id"]] == "eagle3_pipeline"
-    assert [s["schedule"]["cron"] for s in pipeline["schedules"]] == ["0 3 * * *"]
-    assert pipeline["enforce_parameter_schema"] is True
+    assert names[pipeline["flow_id"]] == "eagle3_pipeline" and pipeline["work_pool_name"] == "tiny-pool"
+    assert [(s["schedule"]["cron"], s["schedule"]["timezone"]) for s in pipeline["schedules"]] == [("0 3 * * *", "Europe/Paris")]
+    assert pipeline["global_concurrency_limit"]["limit"] == 1 and pipeline["enforce_parameter_schema"] is True
     assert "RunConfig" in pipeline["parameter_openapi_schema"]["definitions"]
     assert {f"tiny-{stage}" for stage in STAGE_FLOWS} <= set(deployments)
+
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "worker", *config],
+        cwd=ROOT,
+        env=os.environ | {"PREFECT_API_URL": prefect_server},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        run = httpx.post(f"{prefect_server}/deployments/{pipeline['id']}/create_flow_run", json={}, timeout=30).json()
+        deadline = time.monotonic() + 600
+        while run["state_type"] not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") and time.monotonic() < deadline:
+            time.sleep(2)
+            run = httpx.get(f"{prefect_server}/flow_runs/{run['id']}", timeout=30).json()
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    assert run["state_type"] == "COMPLETED", run["state"]
+    assert run["name"].startswith("tiny-pipeline-") and {"tiny", "pipeline"} <= set(run["tags"])
+    children = api(prefect_server, "/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [run["id"]]}}})
+    tree = [run["id"]] + [c["id"] for c in children]
+    child_tasks = api(prefect_server, "/task_runs/filter", {"flow_runs": {"id": {"any_": tree}}})
+    assert [c["name"].rsplit("-", 2)[0] for c in children] == ["tiny-evaluate"]  # the rest was up to date
+    assert {"tiny", "evaluate"} <= set(children[0]["tags"])
+    assert [t["name"].rsplit("-", 1)[0] for t in child_tasks].count("preflight") == 1

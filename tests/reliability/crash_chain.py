@@ -51,7 +51,7 @@ RUN_KEYS = {"requested_this_run", "from_journal"}
 PATH_KEYS = {"fingerprint"}
 # Stage records hold when each stage ran and how long it took; the curves are drawn from metrics.jsonl, which is
 # compared to a tolerance below (a 1e-8 difference can move a pixel).
-SKIPPED_FILES = {"_stage.json", "curves.png"}
+SKIPPED_FILES = {"_stage.json", "curves.png", ".lock"}
 # Training is not bit-reproducible between two processes (weights differ by ~1e-8 after two steps even with
 # no kill), so the draft's tensors and metrics are compared to a tolerance instead of by hash.
 NUMERIC_FILES = ("draft/checkpoints/", "draft/export/model.safetensors", "draft/metrics.jsonl")
