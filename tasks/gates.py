@@ -171,8 +171,11 @@ def publish(result: GateResult) -> None:
         return
     from prefect.artifacts import create_markdown_artifact
 
+    from tasks.stages import BY_SUITE
+
+    owner = BY_SUITE.get(result.suite)
     create_markdown_artifact(
-        key=f"gate-{result.suite}".lower().replace("_", "-"),
+        key=owner.gate_artifact if owner else f"gate-{result.suite}".lower().replace("_", "-"),
         markdown=result.markdown(),
         description=f"Gate {result.suite}: {'passed' if result.success else 'failed'}",
     )

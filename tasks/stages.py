@@ -21,13 +21,13 @@ class Stage:
     out_dir: str  # under runs/<name>/
     sections: tuple[str, ...]  # config sections its rerun key depends on
     upstream: tuple[str, ...]  # stages whose outputs it reads
-    suite: str  # gate suite in expectations/ (its report artifact is gate-<suite>)
+    suite: str  # gate suite in expectations/ (its gate task and report artifact are both gate-<stage name>)
     artifacts: tuple[str, ...]  # artifact keys it publishes besides the gate report
     flow: str  # "module:attribute" of its Prefect flow
 
     @property
     def gate_artifact(self) -> str:
-        return f"gate-{self.suite.replace('_', '-')}"
+        return f"gate-{self.name}"
 
 
 STAGES: tuple[Stage, ...] = (
@@ -96,6 +96,7 @@ STAGES: tuple[Stage, ...] = (
     ),
 )
 BY_NAME = {s.name: s for s in STAGES}
+BY_SUITE = {s.suite: s for s in STAGES}
 STAGE_NAMES = tuple(BY_NAME)
 StageName = Literal[STAGE_NAMES]  # what a flow parameter naming stages accepts (the UI shows a choice)
 

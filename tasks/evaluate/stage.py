@@ -294,6 +294,6 @@ def evaluate_task(config: RunConfig) -> dict:
     return summary
 
 
-@task(name="gate-eval")
+@task(name="gate-evaluate")
 def gate_eval_task(config: RunConfig) -> dict:
     return gate_eval(config)

@@ -100,7 +100,7 @@ def gate_extract(config: RunConfig) -> GateResult:
     return enforce(SUITE, gate_frame(config), parameters={"min_norm": low, "max_norm": high})
 
 
-@task(name="gate-hidden-states")
+@task(name="gate-extract")
 def gate_task(config: RunConfig) -> dict:
     result = gate_extract(config)
     return {"rows": result.rows, "expectations": result.evaluated}

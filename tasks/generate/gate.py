@@ -25,7 +25,7 @@ def gate_frame(config: RunConfig, error_rate: float) -> pd.DataFrame:
     )
 
 
-@task(name="gate-generations", persist_result=False)
+@task(name="gate-generate", persist_result=False)
 def gate_generations_task(config: RunConfig, error_rate: float) -> int:
     """Gate the generations table before reconstruct reads it; returns the rows checked."""
     result = enforce("generations", gate_frame(config, error_rate), parameters={"max_error_rate": config.generate.max_error_rate})

@@ -23,7 +23,7 @@ def merge_task(config: RunConfig, force: bool = False) -> dict:
     return summary
 
 
-@task(name="gate-merged", persist_result=False)
+@task(name="gate-merge", persist_result=False)
 def gate_merged_task(config: RunConfig) -> int:
     """Check the written shards against `expectations/merged.json`; returns the rows checked."""
     return gate_merged(stage_dir(config, "merge"), config.merge.share_tolerance).rows

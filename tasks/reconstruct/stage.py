@@ -118,7 +118,7 @@ def summary_markdown(summary: dict) -> str:
     return text
 
 
-@task(name="gate-reconstructed", persist_result=False)
+@task(name="gate-reconstruct", persist_result=False)
 def gate_task(config: RunConfig) -> int:
     """Gate the reconstructed table before validate and merge read it; returns the rows checked."""
     return enforce("reconstructed", gate_frame(config), parameters=gate_parameters(config)).rows

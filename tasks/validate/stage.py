@@ -184,7 +184,7 @@ def gate_parameters(config: RunConfig) -> dict:
     }
 
 
-@task(name="gate-validation", persist_result=False)
+@task(name="gate-validate", persist_result=False)
 def gate_task(config: RunConfig) -> int:
     """Gate each source's check and simulate rates and its verified share; returns the sources checked."""
     return enforce("validation", gate_frame(config), id_column="source", parameters=gate_parameters(config)).rows

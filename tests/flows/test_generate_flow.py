@@ -48,7 +48,7 @@ def test_flow_generates_gates_and_publishes_artifacts(prefect_harness, tmp_path,
 
     import asyncio
 
-    assert {"generate-summary", "generate-progress", "gate-generations"} <= asyncio.run(keys())
+    assert {"generate-summary", "generate-progress", "gate-generate"} <= asyncio.run(keys())
 
 
 def test_gate_fails_when_the_error_rate_is_over_the_limit(prefect_harness, tmp_path, server):

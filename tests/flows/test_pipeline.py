@@ -58,6 +58,11 @@ def test_parent_subflows_tasks_and_artifacts_are_recorded(tiny_run, prefect_serv
         "evaluate-draft-",
     ):
         assert any(name.startswith(prefix) for name in task_names), (prefix, task_names)
+    for stage, run in subflows.items():  # one gate task per stage, named as in the README
+        gates = [t["name"] for t in stage_tasks if t["flow_run_id"] == run["id"] and t["name"].startswith("gate-")]
+        assert [g.rsplit("-", 1)[0] for g in gates] == [f"gate-{stage}"], (stage, gates)
+    preflights = [t for t in tasks if t["name"].startswith("preflight-")]
+    assert [t["flow_run_id"] for t in preflights] == [parent["id"]]  # once per pipeline run, in the parent
     retried = [t for t in stage_tasks if t["run_count"] > 1]
     assert [t["name"].rsplit("-", 1)[0] for t in retried] == ["generate"]
     assert retried[0]["state_type"] == "COMPLETED"

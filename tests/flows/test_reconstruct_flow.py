@@ -55,7 +55,7 @@ def test_flows_rebuild_and_validate_server_ids_exactly(prefect_harness, tmp_path
     assert summary["classes"] == {"exact": len(sampled_generations) + 1, "bpe_only": 0, "semantic": 0, "unverified": 0}
     simulated = read_table("validation", config.run_dir / "validation").to_pandas().query("mode == 'simulate'")
     assert simulated.set_index("id").loc["bpe-0", "klass"] == "bpe_only"  # the text API loses the id choice
-    assert {"reconstruct-summary", "validation-report", "gate-reconstructed", "gate-validation"} <= artifact_keys()
+    assert {"reconstruct-summary", "validation-report", "gate-reconstruct", "gate-validate"} <= artifact_keys()
 
 
 def test_validate_flow_gate_stops_on_bpe_only_rate(prefect_harness, tmp_path, demo_tokenizer):

@@ -45,4 +45,4 @@ def test_train_then_evaluate_flows(prefect_harness, tmp_path, demo_tokenizer, de
         async with get_client() as client:
             return {a.key for a in await client.read_artifacts()}
 
-    assert {"train-metrics", "train-summary", "gate-train", "eval-acceptance", "gate-eval"} <= asyncio.run(artifact_keys())
+    assert {"train-metrics", "train-summary", "gate-train", "eval-acceptance", "gate-evaluate"} <= asyncio.run(artifact_keys())
