@@ -65,6 +65,17 @@ def test_every_config_field_describes_itself():
     assert [key for key, description in keys.items() if not description] == []
 
 
+def test_the_form_labels_read_as_words():
+    """Units in brackets and acronyms in capitals, never Pydantic's title-cased field name ("Ttt Steps")."""
+    from flows.pipeline import eagle3_pipeline
+
+    definitions = eagle3_pipeline.parameters.model_dump()["definitions"]
+    titles = {f"{m}.{k}": p["title"] for m, d in definitions.items() for k, p in d["properties"].items() if "title" in p}
+    assert titles["TrainConfig.ttt_steps"] == "TTT steps" and titles["ApiConfig.timeout_s"] == "Timeout (s)"
+    assert titles["VllmConfig.cpu_kvcache_gib"] == "CPU KV cache (GiB)" and titles["TrainConfig.lr"] == "Learning rate"
+    assert [k for k, t in titles.items() if "_" in t or t.endswith(" S") or "Ttt" in t] == []
+
+
 def test_chat_format_names_match_the_formats():
     from typing import get_args
 
