@@ -10,7 +10,7 @@ from prefect.logging import get_run_logger
 
 from tasks.config import RunConfig
 from tasks.run_lock import holds_run_lock
-from tasks.run_report import run_report_markdown
+from tasks.run_report import UP_TO_DATE, run_artifacts, run_report_markdown
 from tasks.runners import build_task_runner
 from tasks.stage_record import current_summary, save_record
 from tasks.stages import STAGE_NAMES, StageName, run_name, stage_flow
@@ -29,7 +29,7 @@ def run_stage(stage: str, config: RunConfig, force: bool) -> dict:
     summary = None if force else current_summary(config, stage)
     if summary is not None:
         get_run_logger().info("stage %s is up to date (same config and inputs): skipped", stage)
-        return summary | {"skipped": True}
+        return summary | {UP_TO_DATE: True}
     started = time.time()
     subflow = stage_flow(stage).with_options(task_runner=build_task_runner(config.orchestration))
     with tags(config.name, stage):
@@ -48,5 +48,8 @@ def eagle3_pipeline(config: RunConfig, force: list[StageName] | None = None) -> 
     results = {"preflight": preflight_task(config.target)}
     for stage in STAGE_NAMES:
         results[stage] = run_stage(stage, config, stage in (force or []))
-    create_markdown_artifact(key="run-report", markdown=run_report_markdown(config, results), description=f"Run {config.name}")
+    from prefect.runtime import flow_run
+
+    report = run_report_markdown(config, results, run_artifacts(flow_run.id))
+    create_markdown_artifact(key="run-report", markdown=report, description=f"Run {config.name}")
     return results

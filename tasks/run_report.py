@@ -1,4 +1,4 @@
-"""The pipeline's run report: one table of every stage, linking to the artifacts each published."""
+"""The pipeline's run report: one short row per stage, in pipeline order, linking to this run's artifacts."""
 
 from __future__ import annotations
 
@@ -6,30 +6,64 @@ from tasks.config import RunConfig
 from tasks.stage_record import load_record
 from tasks.stages import BY_NAME, STAGES
 
-# Artifact keys each stage publishes (the Prefect UI shows an artifact by key at /artifacts/key/<key>).
+# Artifact keys each stage publishes.
 STAGE_ARTIFACTS = {"preflight": ["preflight"]} | {s.name: [*s.artifacts, s.gate_artifact] for s in STAGES}
+UP_TO_DATE = "up_to_date"  # the pipeline marks a stage it skipped with this key
 
 
-def _figures(summary: dict, limit: int = 6) -> str:
-    shown = [f"{k}={v}" for k, v in summary.items() if isinstance(v, (int, float, str)) and k != "skipped"]
+def _figures(summary: dict, limit: int = 3) -> str:
+    """A few short figures (no paths, no long texts) so the table fits a narrow frame."""
+    shown = [
+        f"{k}={round(v, 3) if isinstance(v, float) else v}"
+        for k, v in summary.items()
+        if isinstance(v, (int, float, str))
+        and not isinstance(v, bool)
+        and k != UP_TO_DATE
+        and "/" not in str(v)
+        and len(str(v)) <= 24
+    ]
     return ", ".join(shown[:limit]).replace("|", "\\|")
 
 
-def run_report_markdown(config: RunConfig, results: dict) -> str:
+def run_artifacts(flow_run_id) -> dict[str, str]:
+    """Artifact id by key, among those this flow run and its subflow runs published (the latest of each key)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    tree = FlowRunFilter(
+        operator="or_",
+        id=FlowRunFilterId(any_=[flow_run_id]),
+        parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]),
+    )
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(flow_run_filter=tree, sort=ArtifactSort.CREATED_DESC)
+    found: dict[str, str] = {}
+    for artifact in artifacts:
+        if artifact.key and artifact.key not in found:
+            found[artifact.key] = str(artifact.id)
+    return found
+
+
+def run_report_markdown(config: RunConfig, results: dict, artifacts: dict[str, str]) -> str:
+    """`artifacts`: this run's artifact ids by key; each links to its page in the UI."""
     lines = [
         f"# Run `{config.name}`",
         "",
-        f"Outputs under `{config.run_dir}`.",
+        f"Outputs under `{config.run_dir}`; paths below are relative to it.",
         "",
-        "| stage | status | seconds | output | figures | artifacts |",
+        "| stage | status | s | output | figures | artifacts |",
         "|---|---|---|---|---|---|",
     ]
     for stage, summary in results.items():
         summary = summary or {}
-        record = load_record(config, stage) if stage in BY_NAME else None
-        status = "skipped (up to date)" if summary.get("skipped") else "ran"
-        seconds = record.get("seconds", "-") if record else "-"
-        where = f"`{config.run_dir / BY_NAME[stage].out_dir}`" if stage in BY_NAME else "-"
-        links = ", ".join(f"[{key}](/artifacts/key/{key})" for key in STAGE_ARTIFACTS.get(stage, []))
+        if summary.get(UP_TO_DATE):
+            status, seconds = "up to date", "-"
+        else:
+            record = load_record(config, stage) if stage in BY_NAME else None
+            status, seconds = "ran", (record or {}).get("seconds", "-")
+        where = f"`{BY_NAME[stage].out_dir}/`" if stage in BY_NAME else "-"
+        keys = [k for k in STAGE_ARTIFACTS.get(stage, []) if k in artifacts]
+        links = ", ".join(f"[{k}](/artifacts/artifact/{artifacts[k]})" for k in keys) or "-"
         lines.append(f"| {stage} | {status} | {seconds} | {where} | {_figures(summary)} | {links} |")
     return "\n".join(lines)

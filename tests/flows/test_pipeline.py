@@ -1,6 +1,7 @@
 """eagle3_pipeline against a real Prefect server: runs, subflows, task history, artifacts, reruns, deployments."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,9 +68,24 @@ def test_parent_subflows_tasks_and_artifacts_are_recorded(tiny_run, prefect_serv
     assert [t["name"].rsplit("-", 1)[0] for t in retried] == ["generate"]
     assert retried[0]["state_type"] == "COMPLETED"
 
-    keys = {a["key"] for a in api(prefect_server, "/artifacts/filter") if a["key"]}
-    expected = {key for stage_keys in STAGE_ARTIFACTS.values() for key in stage_keys} | {"run-report"}
-    assert expected <= keys, expected - keys
+    artifacts = api(prefect_server, "/artifacts/filter")
+    keys = {a["key"] for a in artifacts if a["key"]}
+    expected = {key for stage_keys in STAGE_ARTIFACTS.values() for key in stage_keys}
+    assert expected | {"run-report"} <= keys, expected - keys
+
+    # The run report: a row per stage that ran, each linking to the artifact pages of this run.
+    run_dir, _, _ = tiny_run
+    [report] = [a["data"] for a in artifacts if a["key"] == "run-report" and a["flow_run_id"] == parent["id"]]
+    rows = [line for line in report.splitlines() if line.startswith("| ") and not line.startswith("| stage")]
+    assert [row.split(" | ")[:2] for row in rows] == [["| preflight", "ran"]] + [[f"| {s}", "ran"] for s in STAGE_NAMES]
+    tree = {parent["id"]} | {r["id"] for r in subflows.values()}
+    linked = [
+        httpx.get(f"{prefect_server}/artifacts/{i}", timeout=30).json()
+        for i in re.findall(r"/artifacts/artifact/([0-9a-f-]+)", report)
+    ]
+    assert sorted(a["key"] for a in linked) == sorted(expected) and {a["flow_run_id"] for a in linked} <= tree
+    shown = [re.sub(r"\]\([^)]*\)", "]", row) for row in rows]  # as rendered: link targets are not shown
+    assert max(len(row) for row in shown) <= 180 and str(run_dir.parent) not in report.split("\n", 3)[3]
 
 
 def test_rerun_skips_every_stage_and_rewrites_nothing(tiny_run, prefect_server):
@@ -79,6 +95,9 @@ def test_rerun_skips_every_stage_and_rewrites_nothing(tiny_run, prefect_server):
     assert done.returncode == 0, done.stderr[-3000:]
     assert tree_stats(run_dir) == before  # no file rewritten (size and mtime of every file unchanged)
     assert done.stdout.count("up to date") + done.stderr.count("up to date") == len(STAGE_FLOWS)
+    reports = [a for a in api(prefect_server, "/artifacts/filter") if a["key"] == "run-report"]
+    latest = max(reports, key=lambda a: a["created"])["data"]
+    assert latest.count("| up to date | - |") == len(STAGE_FLOWS)  # no seconds of an earlier run
 
 
 def test_changed_config_reruns_that_stage_and_downstream_only(tiny_run, prefect_server, tmp_path):
