@@ -62,6 +62,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("token_ids", TOKEN_IDS),  # server completion ids, or null
             ("logprob_tokens", pa.list_(LOGPROB_TOKEN)),  # or null
             ("template_kwargs", pa.string()),  # JSON: chat-template kwargs the prompt was rendered with, or null
+            # Unix seconds the API created the reply (its `created`): the date templates such as gpt-oss's write
+            # into the prompt, so reconstruct renders the prompt the target saw. Null when not reported.
+            ("created", pa.int64()),
         ]
     ),
     # Rows a stage refused, with why; never passed on.
@@ -134,7 +137,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 
 # Columns added after a table's first version: a file written before them reads with nulls there.
-LATER_COLUMNS: dict[str, set[str]] = {"generations": {"reasoning_kind", "template_kwargs"}}
+LATER_COLUMNS: dict[str, set[str]] = {"generations": {"reasoning_kind", "template_kwargs", "created"}}
 
 
 def schema(name: str) -> pa.Schema:

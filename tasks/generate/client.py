@@ -126,6 +126,7 @@ def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, temp
         if logprobs
         else None,
         "template_kwargs": json.dumps(template_kwargs, sort_keys=True) if template_kwargs else None,
+        "created": data["created"] if isinstance(data.get("created"), int) else None,
     }
 
 

@@ -8,9 +8,12 @@ completion = the reply's channels serialized by the target's chat format (reason
 
 from __future__ import annotations
 
+import contextvars
 import json
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from tasks.target.chat import template_messages
 from tasks.target.formats import ChatFormat, Reply, RowError, ToolCall
@@ -34,6 +37,7 @@ class ChatTurn:
     tool_calls: list[dict] | None
     finish_reason: str | None
     template_kwargs: dict
+    created: int | None = None  # unix seconds of the reply: templates that write today's date get that day
 
     @property
     def truncated(self) -> bool:
@@ -94,6 +98,7 @@ def parse_turn(row: dict) -> ChatTurn:
         tool_calls=tool_calls,
         finish_reason=row.get("finish_reason"),
         template_kwargs=_json_field(row, "template_kwargs", dict) or {},
+        created=row.get("created"),
     )
 
 
@@ -133,21 +138,56 @@ def prompt_plain_text(messages: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
+def reply_day(created: int | None) -> str | None:
+    """The UTC day a reply was created, as YYYY-MM-DD (None: unknown, templates see today)."""
+    return None if created is None else datetime.fromtimestamp(created, timezone.utc).strftime("%Y-%m-%d")
+
+
+_REPLY_DAY: contextvars.ContextVar[str | None] = contextvars.ContextVar("reply_day", default=None)
+
+
+class _ReplyClock(datetime):
+    """`datetime` as transformers' chat templates see it: `now()` is the reply's day while one is set."""
+
+    @classmethod
+    def now(cls, tz=None):
+        day = _REPLY_DAY.get()
+        return datetime.now(tz) if day is None else datetime.strptime(day, "%Y-%m-%d").replace(hour=12, tzinfo=tz)
+
+
+@contextmanager
+def rendered_on(day: str | None):
+    """Templates that write today's date (`strftime_now`, e.g. gpt-oss's) write `day` instead, in this context.
+
+    Their `strftime_now` reads `datetime.now()` in transformers' chat-template module and takes no keyword
+    (template kwargs are plain data), so that module's clock reads this context's day."""
+    from transformers.utils import chat_template_utils
+
+    chat_template_utils.datetime = _ReplyClock
+    token = _REPLY_DAY.set(day)
+    try:
+        yield
+    finally:
+        _REPLY_DAY.reset(token)
+
+
 def render_prompts(tokenizer, turns: list[ChatTurn]) -> list[str]:
-    """Each turn's prompt with the generation prompt, one template call per distinct (tools, kwargs)."""
+    """Each turn's prompt with the generation prompt, as the target rendered it on the day of its reply; one
+    template call per distinct (tools, kwargs, day)."""
     groups: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(turns):
-        groups[json.dumps([t.tools, t.template_kwargs], sort_keys=True)].append(i)
+        groups[json.dumps([t.tools, t.template_kwargs, reply_day(t.created)], sort_keys=True)].append(i)
     out: list[str] = [""] * len(turns)
     for idx in groups.values():
         first = turns[idx[0]]
-        texts = tokenizer.apply_chat_template(
-            [template_messages(turns[i].messages) for i in idx],
-            tools=first.tools,
-            tokenize=False,
-            add_generation_prompt=True,
-            **first.template_kwargs,
-        )
+        with rendered_on(reply_day(first.created)):
+            texts = tokenizer.apply_chat_template(
+                [template_messages(turns[i].messages) for i in idx],
+                tools=first.tools,
+                tokenize=False,
+                add_generation_prompt=True,
+                **first.template_kwargs,
+            )
         for i, text in zip(idx, texts, strict=True):
             out[i] = text
     return out

@@ -35,6 +35,9 @@ def call(index: int, name: str, arguments: str) -> dict:
     return {"id": f"call_{index}", "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+GOLDEN_DAY = 1796040000  # 2026-11-30 12:00 UTC
+
+
 def case_rows() -> list[dict]:
     question = [{"role": "user", "content": "What is the capital of France?"}]
     weather_q = [{"role": "user", "content": "Weather in Zürich, and the time in Paris?"}]
@@ -76,6 +79,7 @@ def case_rows() -> list[dict]:
             "content": content,
             "tool_calls": json.dumps(calls, ensure_ascii=False) if calls else None,
             "finish_reason": finish,
+            "created": GOLDEN_DAY,  # templates that write the date (gpt-oss) render the day the golden ids were made
         }
         for name, (messages, tools, reasoning, content, calls, finish) in cases.items()
     ]
@@ -175,3 +179,15 @@ def test_thinking_off_in_the_request_renders_the_closed_block(family_tokenizers)
     with_reasoning = {**row, "reasoning": "Recall."}
     refused = rebuild_rows(tokenizer, [with_reasoning], target, ReconstructConfig(methods=["reencode"]))
     assert [q["reason"] for q in refused.quarantine] == ["format_cannot_express"]
+
+
+def test_a_prompt_is_rendered_on_the_day_of_its_reply(family_tokenizers):
+    """gpt-oss's template writes today's date into the system turn: a reply bought yesterday and rebuilt
+    today must get yesterday's date, the prompt the target saw."""
+    from tasks.reconstruct.render import parse_turn, render_prompts
+
+    tokenizer, _ = family_tokenizers["gpt-oss"]
+    row = case_rows()[0]
+    days = {1796040000: "2026-11-30", 1800000000: "2027-01-15"}
+    prompts = render_prompts(tokenizer, [parse_turn({**row, "created": created}) for created in days])
+    assert [day in prompt for prompt, day in zip(prompts, days.values(), strict=True)] == [True, True]
