@@ -16,6 +16,10 @@ OFFLINE_DEFAULTS = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     # Flow-run logs should not try to reach Prefect Cloud.
     "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
+    # The stages' own log lines (progress, what a stage waits on) go to the run's log in the UI too.
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "tasks",
+    # ... and stay on the console when the same code runs outside a flow (benchmarks, direct calls).
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",

@@ -1,7 +1,9 @@
-"""Progress on the command line (rich) and in Prefect (a progress artifact), fed one record at a time."""
+"""Progress on the command line (rich), in Prefect (a progress artifact) and in the run log (a line every
+LOG_EVERY_S: rows done of total, rows/s and tokens/s, ETA, cost so far, replies awaited), fed one record at a time."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -10,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 log = logging.getLogger(__name__)
 ARTIFACT_EVERY_S = 2.0  # Prefect API calls are ~30 ms each: update the artifact at most this often
+LOG_EVERY_S = 15.0
 
 
 def in_prefect_run() -> bool:
@@ -21,11 +24,14 @@ def in_prefect_run() -> bool:
 class GenerationProgress:
     """A rich progress bar plus a Prefect progress artifact (when inside a flow or task run)."""
 
-    def __init__(self, total: int, key: str = "generate-progress"):
+    def __init__(self, total: int, key: str = "generate-progress", concurrency: int = 1):
         self.total = max(total, 1)
         self.done = 0
         self.failed = 0
         self.cost = 0.0
+        self.tokens = 0
+        self.concurrency = concurrency
+        self.started = time.monotonic()
         self._last_push = 0.0
         self._artifact_id = None
         if in_prefect_run():
@@ -55,11 +61,33 @@ class GenerationProgress:
         if record["status"] == "done":
             self.done += 1
             self.cost += record.get("cost") or 0.0
+            self.tokens += record.get("completion_tokens") or 0
         else:
             self.failed += 1
         status = f"failed {self.failed}  ${self.cost:.4f}"
         self._bar.update(self._task, completed=self.done + self.failed, status=status)
         self._push()
+
+    def line(self) -> str:
+        """One progress line for the run log."""
+        finished, seconds = self.done + self.failed, max(time.monotonic() - self.started, 1e-9)
+        rate = finished / seconds
+        left = self.total - finished
+        eta = f"ETA {left / rate:.0f} s" if rate > 0 else "ETA unknown (no reply yet)"
+        waiting = f"awaiting {min(left, self.concurrency)} replies" if left else "all replies in"
+        return (
+            f"generate: {finished}/{self.total} rows ({self.failed} failed), {rate:.2f} rows/s, "
+            f"{self.tokens / seconds:.1f} tokens/s, {eta}, ${self.cost:.4f} so far; {waiting}"
+        )
+
+    def log_line(self) -> None:
+        log.info(self.line())  # `tasks` is one of Prefect's extra loggers: the line reaches the run log too
+
+    async def log_every(self, seconds: float = LOG_EVERY_S) -> None:
+        """Log a progress line every `seconds` until cancelled, replies arriving or not."""
+        while True:
+            await asyncio.sleep(seconds)
+            self.log_line()
 
     def _push(self, force: bool = False) -> None:
         now = time.monotonic()

@@ -188,10 +188,16 @@ async def _request_all(
     gen = config.generate
     client = ChatClient(gen.api, gen.request, config.target.model, api_key, base_url)
     try:
-        with JournalWriter(journal_path, gen.journal_batch) as journal, GenerationProgress(len(pending)) as progress:
-            return await run_requests(
-                pending, client, journal, gen.api.concurrency, gen.budget_usd, spent, on_record=progress.update
-            )
+        progress = GenerationProgress(len(pending), concurrency=gen.api.concurrency)
+        with JournalWriter(journal_path, gen.journal_batch) as journal, progress:
+            ticker = asyncio.create_task(progress.log_every())
+            try:
+                return await run_requests(
+                    pending, client, journal, gen.api.concurrency, gen.budget_usd, spent, on_record=progress.update
+                )
+            finally:
+                ticker.cancel()
+                progress.log_line()
     finally:
         await client.aclose()
 

@@ -64,6 +64,8 @@ def test_parent_subflows_tasks_and_artifacts_are_recorded(tiny_run, prefect_serv
         assert [g.rsplit("-", 1)[0] for g in gates] == [f"gate-{stage}"], (stage, gates)
     preflights = [t for t in tasks if t["name"].startswith("preflight-")]
     assert [t["flow_run_id"] for t in preflights] == [parent["id"]]  # once per pipeline run, in the parent
+    logs = api(prefect_server, "/logs/filter", {"logs": {"flow_run_id": {"any_": [subflows["generate"]["id"]]}}, "limit": 200})
+    assert any(re.match(r"generate: (\d+)/\1 rows \(\d+ failed\), .* tokens/s", log["message"]) for log in logs)
     retried = [t for t in stage_tasks if t["run_count"] > 1]
     assert [t["name"].rsplit("-", 1)[0] for t in retried] == ["generate"]
     assert retried[0]["state_type"] == "COMPLETED"

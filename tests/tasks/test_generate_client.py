@@ -232,3 +232,27 @@ def test_only_verbatim_reasoning_is_taken_as_generated_text(message, expected):
     record = reply_record(prompt, data, 0.1, "openrouter", {"thinking": True})
     assert (record["reasoning"], record["reasoning_kind"]) == expected
     assert json.loads(record["template_kwargs"]) == {"thinking": True}
+
+
+def test_progress_lines_come_at_a_steady_cadence_with_rates_eta_and_cost(caplog):
+    """Between replies too: a line says how far generation is and what it is waiting on."""
+    import asyncio
+    import logging
+
+    from tasks.generate.progress import GenerationProgress
+
+    progress = GenerationProgress(10, key="progress-test", concurrency=4)
+
+    async def replies() -> None:
+        ticker = asyncio.create_task(progress.log_every(0.05))
+        for n in range(3):
+            progress.update({"status": "done", "cost": 0.001, "completion_tokens": 20} if n else {"status": "failed"})
+        await asyncio.sleep(0.18)  # no reply for a while: the lines keep coming
+        ticker.cancel()
+
+    with caplog.at_level(logging.INFO, logger="tasks.generate.progress"), progress:
+        asyncio.run(replies())
+    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.generate.progress"]
+    assert len(lines) >= 3
+    assert all(line.startswith("generate: 3/10 rows (1 failed), ") for line in lines)
+    assert "tokens/s, ETA " in lines[-1] and "$0.0020 so far; awaiting 4 replies" in lines[-1]
