@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU build of torch; a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup assets demo test test-fast test-vllm reliability lint bench clean
+.PHONY: setup assets demo test test-fast test-vllm reliability lint bench screenshots clean
 
 setup: $(VENV)/.installed
 
@@ -50,9 +50,14 @@ test-vllm: assets $(VLLM_VENV)/.installed
 reliability: assets
 	$(BIN)/python -m pytest -q -m reliability
 
+# The README's Prefect UI screenshots (docs/ui/), retaken against a running server (PREFECT_API_URL) that holds
+# a finished pipeline run and its deployments; needs Debian's chromium.
+screenshots: setup
+	$(BIN)/python docs/ui/screenshots.py
+
 lint: setup
-	$(BIN)/ruff check flows tasks tests bench
-	$(BIN)/ruff format --check flows tasks tests bench
+	$(BIN)/ruff check flows tasks tests bench docs
+	$(BIN)/ruff format --check flows tasks tests bench docs
 
 clean:
 	rm -rf runs .prefect

@@ -475,7 +475,7 @@ class RunConfig(StrictModel):
     """Everything one pipeline run needs."""
 
     name: str = "demo"
-    """Outputs go to <runs_dir>/<name>/."""
+    """The run's name: outputs go to runs_dir/name/, and its Prefect runs are named and tagged with it."""
     runs_dir: Path = Path("runs")
     """Runs live under runs_dir/name/."""
     target: TargetConfig = Field(default_factory=TargetConfig)

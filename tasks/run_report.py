@@ -14,7 +14,7 @@ UP_TO_DATE = "up_to_date"  # the pipeline marks a stage it skipped with this key
 def _figures(summary: dict, limit: int = 3) -> str:
     """A few short figures (no paths, no long texts) so the table fits a narrow frame."""
     shown = [
-        f"{k}={round(v, 3) if isinstance(v, float) else v}"
+        f"{k}={format(v, '.4g') if isinstance(v, float) else v}"
         for k, v in summary.items()
         if isinstance(v, (int, float, str))
         and not isinstance(v, bool)
@@ -23,6 +23,11 @@ def _figures(summary: dict, limit: int = 3) -> str:
         and len(str(v)) <= 24
     ]
     return ", ".join(shown[:limit]).replace("|", "\\|")
+
+
+def _label(key: str) -> str:
+    """A short link text: `gate-generate` -> gate, `generate-summary` -> summary (the row names the stage)."""
+    return "gate" if key.startswith("gate-") else key.split("-", 1)[-1]
 
 
 def run_artifacts(flow_run_id) -> dict[str, str]:
@@ -61,9 +66,9 @@ def run_report_markdown(config: RunConfig, results: dict, artifacts: dict[str, s
             status, seconds = "up to date", "-"
         else:
             record = load_record(config, stage) if stage in BY_NAME else None
-            status, seconds = "ran", (record or {}).get("seconds", "-")
+            status, seconds = "ran", format((record or {}).get("seconds", 0), ".0f") if record else "-"
         where = f"`{BY_NAME[stage].out_dir}/`" if stage in BY_NAME else "-"
         keys = [k for k in STAGE_ARTIFACTS.get(stage, []) if k in artifacts]
-        links = ", ".join(f"[{k}](/artifacts/artifact/{artifacts[k]})" for k in keys) or "-"
+        links = ", ".join(f"[{_label(k)}](/artifacts/artifact/{artifacts[k]})" for k in keys) or "-"
         lines.append(f"| {stage} | {status} | {seconds} | {where} | {_figures(summary)} | {links} |")
     return "\n".join(lines)

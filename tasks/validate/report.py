@@ -58,12 +58,11 @@ def report_markdown(rates: pd.DataFrame, rows: pd.DataFrame, examples: int, guid
             )
     mismatches = rows[rows["klass"].isin([BPE_ONLY, SEMANTIC])]
     if examples and not mismatches.empty:
-        lines += ["", "## First examples", "", "| source | mode | class | id | token | truth | rebuilt |"]
-        lines.append("|---|---|---|---|---|---|---|")
-        for _, group in mismatches.groupby(["source", "mode", "klass"], sort=True):
+        lines += ["", "## First examples", "", "The row, the token where its ids first differ, the tokens around it."]
+        for (source, mode, klass), group in mismatches.groupby(["source", "mode", "klass"], sort=True):
+            lines += ["", f"### {source} · {mode} · {klass}", "", "| id | at token | truth | rebuilt |", "|---|---|---|---|"]
             for r in group.head(examples).itertuples(index=False):
                 lines.append(
-                    f"| {r.source} | {r.mode} | {r.klass} | {_cell(r.id)} | {int(r.first_divergence)} "
-                    f"| {_cell(r.truth_context)} | {_cell(r.rebuilt_context)} |"
+                    f"| {_cell(r.id)} | {int(r.first_divergence)} | {_cell(r.truth_context)} | {_cell(r.rebuilt_context)} |"
                 )
     return "\n".join(lines) + "\n"

@@ -122,6 +122,8 @@ def test_extract_through_vllm_matches_the_transformers_backend(tmp_path, demo_to
         runs[backend] = extract_flow(config)
         assert json.loads((config.run_dir / "hidden_states" / "meta.json").read_text())["backend"] == backend
     assert runs["vllm"]["tokens"] == runs["transformers"]["tokens"] and runs["vllm"]["shards"] >= 2
+    rates = (runs["transformers"]["tokens_per_s"], runs["vllm"]["tokens_per_s"])
+    FIGURES["extract tokens/s, transformers / vLLM (server start excluded)"] = f"{rates[0]:.0f} / {rates[1]:.0f}"
     worst, exact, values = 0.0, 0, 0
     for shard in sorted((tmp_path / "transformers" / "hidden_states").glob("shard-*.safetensors")):
         ours, theirs = read_shard(shard), read_shard(tmp_path / "vllm" / "hidden_states" / shard.name)
