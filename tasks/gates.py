@@ -42,6 +42,7 @@ class GateResult:
     rows: int
     evaluated: int
     failures: list[Failure]
+    passed: list[Failure] = field(default_factory=list)  # the expectations that held, with what they observed
 
     @property
     def success(self) -> bool:
@@ -52,13 +53,16 @@ class GateResult:
         lines = [
             f"# Gate `{self.suite}`: {status}",
             "",
-            f"{self.rows} rows, {self.evaluated} expectations, {len(self.failures)} failed.",
+            f"{self.rows} rows of the checked table, {self.evaluated} expectations, {len(self.failures)} failed.",
+            "",
+            "| | expectation | column | observed | expected | offending row ids |",
+            "|---|---|---|---|---|---|",
         ]
-        if self.failures:
-            lines += ["", "| expectation | column | observed | offending row ids |", "|---|---|---|---|"]
-            for f in self.failures:
-                ids = ", ".join(f.row_ids) or "-"
-                lines.append(f"| {f.expectation} | {f.column or '-'} | {f.observed} | {ids} |")
+        for mark, checks in (("✗", self.failures), ("✓", self.passed)):
+            for f in checks:
+                expected = f.detail.removeprefix("expected ") or "-"
+                cells = [mark, f.expectation, f.column or "-", f.observed, expected, ", ".join(f.row_ids) or "-"]
+                lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
         return "\n".join(lines)
 
 
@@ -116,6 +120,8 @@ def _failure(er: Any, id_column: str) -> Failure:
         column = f"{kwargs['column_A']}, {kwargs['column_B']}"
     if "observed_value" in result:
         observed = _clean(result["observed_value"])
+    elif result.get("unexpected_count") == 0:
+        observed = "0 unexpected"
     elif "unexpected_count" in result:
         observed = (
             f"{result['unexpected_count']} unexpected ({_clean(result.get('unexpected_percent', 0))}%)"
@@ -160,7 +166,9 @@ def check(
     outcome = batch.validate(suite, expectation_parameters=parameters or {}, result_format=result_format)
     failures = [_failure(er, id_column) for er in outcome.results if not er.success]
     failures.sort(key=lambda f: (f.expectation, f.column or ""))
-    return GateResult(suite_name, len(frame), len(outcome.results), failures)
+    passed = [_failure(er, id_column) for er in outcome.results if er.success]
+    passed.sort(key=lambda f: (f.expectation, f.column or ""))
+    return GateResult(suite_name, len(frame), len(outcome.results), failures, passed)
 
 
 def publish(result: GateResult) -> None:

@@ -30,6 +30,18 @@ def test_gate_names_expectation_column_value_and_rows():
     assert len(err.value.result.failures) == 2
 
 
+def test_the_report_lists_every_expectation_with_what_it_observed():
+    """A passing gate's card names each expectation, its column, what it saw and its bounds; a failing one
+    marks the failures and their rows."""
+    passed = check("probe", frame(), parameters={"max_tokens": 100}, directory=SUITES).markdown()
+    rows = [line for line in passed.splitlines() if line.startswith("| ✓ |")]
+    assert len(rows) == 3 and any("n_tokens" in r and "'max_value': 100" in r for r in rows)
+    bad = frame(n_tokens=[5, 0, 500])
+    failed = check("probe", bad, parameters={"max_tokens": 100}, directory=SUITES).markdown()
+    [row] = [line for line in failed.splitlines() if line.startswith("| ✗ |")]
+    assert "n_tokens" in row and "r2, r3" in row and failed.count("| ✓ |") == 2
+
+
 def test_parameters_change_the_limit():
     assert not check("probe", frame(), parameters={"max_tokens": 10}, directory=SUITES).success
     assert check("probe", frame(), parameters={"max_tokens": 12}, directory=SUITES).success
