@@ -9,13 +9,10 @@ pipeline of the same config; the run directory's lock guards runs started any ot
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from flows.pipeline import eagle3_pipeline
 from tasks.config import RunConfig
+from tasks.prefect_env import PROJECT_ROOT
 from tasks.stages import STAGE_NAMES, stage, stage_flow
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def entrypoint(flow_ref: str) -> str:

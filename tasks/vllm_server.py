@@ -15,8 +15,7 @@ from pathlib import Path
 import httpx
 
 from tasks.config import RunConfig
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from tasks.prefect_env import PROJECT_ROOT
 
 
 def vllm_python(config: RunConfig) -> str:

@@ -35,7 +35,10 @@ def speculative_options(export_dir: Path, k: int) -> list[str]:
 def counted_rounds(before: str, after: str, k: int, tokens: list[int]) -> DecodeResult:
     """One request's rounds from the counter deltas: drafts, and rounds accepting ≥ i tokens (chain drafts are
     accepted as a prefix, so position i's count is the rounds that accepted at least i + 1)."""
-    delta = lambda name, **labels: round(counter(after, name, **labels) - counter(before, name, **labels))  # noqa: E731
+
+    def delta(name: str, **labels: str) -> int:
+        return round(counter(after, name, **labels) - counter(before, name, **labels))
+
     at_least = [delta(DRAFTS)] + [delta(ACCEPTED_AT, position=str(i)) for i in range(k)] + [0]
     accepted = [n for n in range(k + 1) for _ in range(at_least[n] - at_least[n + 1])]
     return DecodeResult(tokens=tokens, accepted=accepted, proposed=k)
