@@ -55,7 +55,11 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("prompt_tokens", pa.int64()),
             ("completion_tokens", pa.int64()),
             ("cost", pa.float64()),  # USD from usage.cost, null when not reported
-            ("latency_s", pa.float64()),
+            ("latency_s", pa.float64()),  # request sent -> reply received, for the attempt that answered
+            # Of that, what the server reports (vLLM's per-request metrics): seconds queued for a batch slot, and
+            # seconds from scheduled to last token. Null when the server does not report them (OpenRouter).
+            ("server_queue_s", pa.float64()),
+            ("server_s", pa.float64()),
             ("model", pa.string()),
             ("provider", pa.string()),
             ("prompt_token_ids", TOKEN_IDS),  # server ids (vLLM/SGLang), or null

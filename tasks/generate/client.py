@@ -94,6 +94,17 @@ def reply_reasoning(message: dict) -> tuple[str | None, str | None]:
     return reasoning, "text" if reasoning is not None else None
 
 
+def server_timing(data: dict) -> tuple[float | None, float | None]:
+    """(seconds queued, seconds computing) as the server reports them in vLLM's per-request `metrics`
+    (vLLM with `--enable-per-request-metrics`, the embedded server); (None, None) where it does not."""
+    metrics = data.get("metrics")
+    if not isinstance(metrics, dict):
+        return None, None
+    ms = [metrics.get(k) for k in ("queue_time_ms", "time_to_first_token_ms", "generation_time_ms")]
+    queue, first, rest = (v / 1000 if isinstance(v, int | float) else None for v in ms)
+    return queue, None if first is None or rest is None else first + rest
+
+
 def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, template_kwargs: dict | None = None) -> dict:
     """Journal record of a reply, in the `generations` contract's fields (bytes as int lists)."""
     choice = data["choices"][0]
@@ -102,6 +113,7 @@ def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, temp
     usage = data.get("usage") or {}
     logprobs = (choice.get("logprobs") or {}).get("content")
     finish = choice.get("finish_reason")
+    queue_s, server_s = server_timing(data)
     return {
         "status": "done",
         "id": prompt["id"],
@@ -118,6 +130,8 @@ def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, temp
         "completion_tokens": usage.get("completion_tokens"),
         "cost": usage.get("cost"),
         "latency_s": round(latency_s, 4),
+        "server_queue_s": None if queue_s is None else round(queue_s, 4),
+        "server_s": None if server_s is None else round(server_s, 4),
         "model": data.get("model"),
         "provider": data.get("provider") or provider,
         "prompt_token_ids": data.get("prompt_token_ids"),

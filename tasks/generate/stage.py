@@ -12,7 +12,7 @@ from pathlib import Path
 from prefect import task
 
 from tasks.config import ApiConfig, RunConfig
-from tasks.contracts import quarantine_row
+from tasks.contracts import quarantine_row, schema
 from tasks.failpoints import failpoint
 from tasks.generate.client import ChatClient
 from tasks.generate.journal import JournalState, JournalWriter, read_journal
@@ -26,26 +26,6 @@ from tasks.target.serve.embedded import embedded_server
 
 log = logging.getLogger(__name__)
 ROWS_PER_PART = 50_000
-OUTPUT_FIELDS = (
-    "id",
-    "source",
-    "messages",
-    "tools",
-    "reasoning",
-    "content",
-    "tool_calls",
-    "finish_reason",
-    "truncated",
-    "prompt_tokens",
-    "completion_tokens",
-    "cost",
-    "latency_s",
-    "model",
-    "provider",
-    "prompt_token_ids",
-    "token_ids",
-    "logprob_tokens",
-)
 
 
 class MissingApiKeyError(RuntimeError):
@@ -77,7 +57,7 @@ def endpoint(config: RunConfig, workdir: Path) -> Iterator[str]:
 
 def output_row(record: dict) -> dict:
     """A journal record as a `generations` row (logprob bytes: int lists -> bytes)."""
-    row = {k: record.get(k) for k in OUTPUT_FIELDS}
+    row = {k: record.get(k) for k in schema("generations").names}
     if row["logprob_tokens"]:
         row["logprob_tokens"] = [
             {"token": e["token"], "bytes": bytes(e["bytes"]) if e.get("bytes") is not None else None, "logprob": e["logprob"]}

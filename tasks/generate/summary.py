@@ -1,4 +1,5 @@
-"""The generate summary: counts by finish_reason, errors by kind, tokens, cost, latency percentiles."""
+"""The generate summary: counts by finish_reason, errors by kind, tokens, cost, latency percentiles split into
+time queued at the server and time the server computed, where the server reports them."""
 
 from __future__ import annotations
 
@@ -18,9 +19,15 @@ def percentile(values: list[float], q: float) -> float | None:
     return round(ordered[rank - 1], 4)
 
 
+def spread(rows: list[dict], key: str) -> dict:
+    """{key_p50_s, key_p95_s} over the rows that have `key`."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    name = key.removesuffix("_s")
+    return {f"{name}_p50_s": percentile(values, 50), f"{name}_p95_s": percentile(values, 95)}
+
+
 def summarize(rows: list[dict], failures: list[dict], quarantine: list[dict], extra: dict) -> dict:
     """A small JSON-able summary of the output table and what was refused."""
-    latencies = [r["latency_s"] for r in rows if r.get("latency_s") is not None]
     costs = [r["cost"] for r in rows if r.get("cost") is not None]
     attempted = len(rows) + len(failures)
     return {
@@ -33,11 +40,21 @@ def summarize(rows: list[dict], failures: list[dict], quarantine: list[dict], ex
         "tokens_in": sum(r.get("prompt_tokens") or 0 for r in rows),
         "tokens_out": sum(r.get("completion_tokens") or 0 for r in rows),
         "cost_usd": round(sum(costs), 6) if costs else None,
-        "latency_p50_s": percentile(latencies, 50),
-        "latency_p95_s": percentile(latencies, 95),
+        **spread(rows, "latency_s"),
+        **spread(rows, "server_queue_s"),
+        **spread(rows, "server_s"),
+        "server_timed_rows": sum(1 for r in rows if r.get("server_s") is not None),
         "by_source": dict(Counter(r["source"] for r in rows).most_common()),
         **extra,
     }
+
+
+LATENCY_NOTE = (
+    "latency: request sent to reply received. Of that, server_queue is the time the server held the request "
+    "before scheduling it and server the time from scheduled to last token, as the server reports them (vLLM with "
+    "`--enable-per-request-metrics`, the embedded server); OpenRouter reports neither. A server_queue close to the "
+    "latency means more requests in flight (generate.api.concurrency) than the server batches."
+)
 
 
 def summary_markdown(summary: dict) -> str:
@@ -45,6 +62,7 @@ def summary_markdown(summary: dict) -> str:
     for key, value in summary.items():
         shown = (", ".join(f"{k}: {v}" for k, v in value.items()) or "-") if isinstance(value, dict) else value
         lines.append(f"| {key} | {shown} |")
+    lines += ["", LATENCY_NOTE]
     return "\n".join(lines)
 
 

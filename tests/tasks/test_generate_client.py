@@ -246,7 +246,8 @@ def test_progress_lines_come_at_a_steady_cadence_with_rates_eta_and_cost(caplog)
     async def replies() -> None:
         ticker = asyncio.create_task(progress.log_every(0.05))
         for n in range(3):
-            progress.update({"status": "done", "cost": 0.001, "completion_tokens": 20} if n else {"status": "failed"})
+            done = {"status": "done", "cost": 0.001, "completion_tokens": 20, "server_queue_s": 2.0 * n}
+            progress.update(done if n else {"status": "failed"})
         await asyncio.sleep(0.18)  # no reply for a while: the lines keep coming
         ticker.cancel()
 
@@ -255,4 +256,32 @@ def test_progress_lines_come_at_a_steady_cadence_with_rates_eta_and_cost(caplog)
     lines = [r.getMessage() for r in caplog.records if r.name == "tasks.generate.progress"]
     assert len(lines) >= 3
     assert all(line.startswith("generate: 3/10 rows (1 failed), ") for line in lines)
-    assert "tokens/s, ETA " in lines[-1] and "$0.0020 so far; awaiting 4 replies" in lines[-1]
+    assert "rows/s, ETA " in lines[-1] and "tokens/s, $0.0020 so far; awaiting 4 replies" in lines[-1]
+    assert lines[-1].endswith("the last 2 waited 3.0 s (median) in the server's queue")
+
+
+def test_every_reply_field_reaches_the_generations_table():
+    """A reply as vLLM shapes it (`--enable-per-request-metrics`, token ids, logprobs): every contract column is
+    filled from it and kept from journal record to table row, the server's timing split included."""
+    from tasks.contracts import schema
+    from tasks.generate.client import reply_record
+    from tasks.generate.stage import output_row
+
+    message = {"role": "assistant", "content": "A", "reasoning": "R"}
+    logprobs = {"content": [{"token": "A", "bytes": [65], "logprob": -0.1}]}
+    data = {
+        "created": 1796040000,
+        "model": "m",
+        "choices": [{"message": message, "finish_reason": "stop", "token_ids": [5, 2], "logprobs": logprobs}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+        "prompt_token_ids": [1, 2, 3],
+        "metrics": {"queue_time_ms": 1500.0, "time_to_first_token_ms": 20.0, "generation_time_ms": 480.0, "mean_itl_ms": 9.0},
+    }
+    prompt = {"id": "p", "source": "s", "messages": "[]", "tools": None}
+    record = reply_record(prompt, data, 2.25, "vllm", {"enable_thinking": False})
+    row = output_row(record)
+    assert set(row) == set(schema("generations").names) <= set(record)
+    assert {k: v for k, v in row.items() if k != "logprob_tokens"} == {k: record[k] for k in row if k != "logprob_tokens"}
+    assert (row["latency_s"], row["server_queue_s"], row["server_s"]) == (2.25, 1.5, 0.5)
+    assert (row["created"], row["reasoning_kind"], row["template_kwargs"]) == (1796040000, "text", '{"enable_thinking": false}')
+    assert reply_record(prompt, {**data, "metrics": None}, 2.25, "openrouter")["server_s"] is None

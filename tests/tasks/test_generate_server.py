@@ -176,6 +176,11 @@ def test_stage_over_the_embedded_server_stores_ground_truth(served, tmp_path, de
         assert json.loads(row["messages"])[-1]["content"] in rendered
         assert [e["bytes"] for e in row["logprob_tokens"]] == [tokens.bytes_of(i) for i in ids]
     assert json.loads(next(r for r in rows if r["id"] == "t:c")["tools"]) == tools
+    for row in rows:  # the server's own split of the round trip, and the reply's date, reach the table
+        assert row["server_s"] > 0 and row["server_queue_s"] >= 0 and row["created"] > 1.7e9
+        assert row["server_queue_s"] + row["server_s"] <= row["latency_s"] + 0.01
+    report = json.loads((tmp_path / "emb" / "generations" / "summary.json").read_text())
+    assert report["server_timed_rows"] == 3 and report["server_p50_s"] <= report["latency_p50_s"]
 
 
 def test_a_request_joining_a_running_batch_decodes_as_it_would_alone(demo_model, demo_tokenizer):
@@ -211,6 +216,38 @@ def test_a_request_joining_a_running_batch_decodes_as_it_would_alone(demo_model,
     long_done.wait(300)
     assert engine.batches == 3  # the newcomer was prefilled on its own, then merged into the running batch
     assert joined["r"].token_ids == alone["r"].token_ids
+
+
+def test_the_engine_reports_time_queued_for_a_slot_apart_from_time_generating(demo_model, demo_tokenizer):
+    """One slot, three requests at once: the third waits in the queue for both others, and each request's
+    queue + prefill + decode is its whole time from submit to answer."""
+    import threading
+    import time
+
+    import torch
+
+    from tasks.target.serve.engine import BatchEngine, GenRequest
+
+    torch.set_num_threads(1)
+    engine = BatchEngine(demo_model, demo_tokenizer, {demo_tokenizer.eos_token_id}, max_batch=1)
+    prompt = demo_tokenizer.encode("Tell me about the sea.")
+    answered, results = threading.Event(), {}
+
+    def on_done(i, result):
+        results[i] = (result, time.monotonic())
+        if len(results) == 3:
+            answered.set()
+
+    submitted = time.monotonic()
+    for i in range(3):
+        engine.submit(GenRequest(prompt, 6, temperature=0, on_done=lambda r, i=i: on_done(i, r)))
+    assert answered.wait(300)
+    timings = [results[i][0].timing for i in range(3)]
+    busy = [t.first_token_s + t.generation_s for t in timings]
+    assert timings[0].queue_s < 0.5 and timings[2].queue_s >= busy[0] + busy[1] - 0.01
+    for i, t in enumerate(timings):
+        assert abs(t.queue_s + busy[i] - (results[i][1] - submitted)) < 0.05, (i, t)
+    assert set(timings[2].metrics(6)) == {"queue_time_ms", "time_to_first_token_ms", "generation_time_ms", "tokens_per_second"}
 
 
 def test_server_replies_in_kimi_shape_with_a_tiktoken_tokenizer(family_tokenizers):

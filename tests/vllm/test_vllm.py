@@ -45,7 +45,7 @@ def test_generate_in_vllm_shape_gives_check_exact_rows(tmp_path, prefect_harness
     from flows.reconstruct import reconstruct_flow
     from flows.validate import validate_flow
 
-    server = VllmServer(engine_config(tmp_path, "server"), tmp_path / "vllm.log", [], 2048)
+    server = VllmServer(engine_config(tmp_path, "server"), tmp_path / "vllm.log", ["--enable-per-request-metrics"], 2048)
     with server:
         config = RunConfig.model_validate(
             {
@@ -70,6 +70,11 @@ def test_generate_in_vllm_shape_gives_check_exact_rows(tmp_path, prefect_harness
     rows, exact = int(check["rows"].sum()), int(check["exact"].sum())
     FIGURES["rows exact in check mode"] = f"{exact}/{rows}"
     assert rows >= 20 and exact == rows
+    report = json.loads((config.run_dir / "generations" / "summary.json").read_text())
+    FIGURES["vLLM's own split of the latency p50: queued / computing / round trip"] = (
+        f"{report['server_queue_p50_s']:.2f} / {report['server_p50_s']:.2f} / {report['latency_p50_s']:.2f} s"
+    )
+    assert report["server_timed_rows"] == report["rows"] and report["server_p50_s"] <= report["latency_p50_s"]
 
 
 def test_evaluate_on_vllm_loads_the_export_as_is_and_agrees_on_tau(tmp_path, demo_tokenizer, demo_model):

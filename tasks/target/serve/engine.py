@@ -33,6 +33,26 @@ class GenRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     on_done: Callable[[GenResult], None] = lambda result: None
+    queued_at: float = 0.0  # time.monotonic() when submitted
+
+
+@dataclass
+class Timing:
+    """Where one request's time went on the server (seconds): waiting for a batch slot, prefill, decode."""
+
+    queue_s: float
+    first_token_s: float  # scheduled -> first token (prefill)
+    generation_s: float  # first token -> last token
+
+    def metrics(self, tokens: int) -> dict:
+        """vLLM's per-request `metrics` object (`--enable-per-request-metrics`), in its field names."""
+        busy = self.first_token_s + self.generation_s
+        return {
+            "queue_time_ms": round(self.queue_s * 1000, 3),
+            "time_to_first_token_ms": round(self.first_token_s * 1000, 3),
+            "generation_time_ms": round(self.generation_s * 1000, 3),
+            "tokens_per_second": round(tokens / busy, 3) if busy > 0 else None,
+        }
 
 
 @dataclass
@@ -45,6 +65,7 @@ class GenResult:
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     stop_text: str | None = None  # the stop string that ended the reply
     error: str | None = None
+    timing: Timing | None = None
 
 
 @dataclass
@@ -53,6 +74,12 @@ class RowState:
     generator: torch.Generator | None
     ids: list[int] = field(default_factory=list)
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+    scheduled_at: float = 0.0
+    first_token_at: float = 0.0
+
+    def timing(self, now: float) -> Timing:
+        r = self.request
+        return Timing(self.scheduled_at - r.queued_at, self.first_token_at - self.scheduled_at, now - self.first_token_at)
 
 
 def pick_next(logits: torch.Tensor, rows: list[RowState]) -> list[int]:
@@ -133,6 +160,7 @@ class BatchEngine:
         self._thread.start()
 
     def submit(self, request: GenRequest) -> None:
+        request.queued_at = time.monotonic()
         self._queue.put(request)
 
     def _take(self, room: int, wait: bool) -> list[GenRequest]:
@@ -188,12 +216,12 @@ class BatchEngine:
     def _prefill(self, requests: list[GenRequest]) -> Batch:
         self.batches += 1
         self.batched_rows += len(requests)
-        rows = []
+        rows, scheduled = [], time.monotonic()
         for r in requests:
             gen = None
             if r.temperature > 0:
                 gen = torch.Generator().manual_seed(r.seed if r.seed is not None else int(time.time_ns() % 2**31))
-            rows.append(RowState(r, gen))
+            rows.append(RowState(r, gen, scheduled_at=scheduled))
         width = max(len(r.prompt_ids) for r in requests)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # (B, T) left-padded
         mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
@@ -203,6 +231,9 @@ class BatchEngine:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         cache = out["cache"] if "cache" in out else out.past_key_values
+        first_token = time.monotonic()
+        for row in rows:
+            row.first_token_at = first_token
         return Batch(rows, cache, mask, out.logits[:, -1, :].float())  # logits (B, V)
 
     def _step(self, batch: Batch) -> Batch | None:
@@ -224,7 +255,8 @@ class BatchEngine:
             if reason is None:
                 keep.append(i)
             else:
-                row.request.on_done(GenResult(row.ids, reason, row.logprobs if row.request.logprobs else None))
+                lps = row.logprobs if row.request.logprobs else None
+                row.request.on_done(GenResult(row.ids, reason, lps, timing=row.timing(time.monotonic())))
         if not keep:
             return None
         if len(keep) < len(rows):

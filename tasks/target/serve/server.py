@@ -2,7 +2,8 @@
 
 Replies take OpenRouter's shape (reasoning, content and tool_calls split by the target's chat format
 as serving engines split them, finish_reason, usage with cost 0) and, when asked, vLLM's
-(`prompt_token_ids`, `choices[].token_ids` incl. the end-of-turn id, logprobs with true bytes).
+(`prompt_token_ids`, `choices[].token_ids` incl. the end-of-turn id, logprobs with true bytes), and always
+vLLM's per-request `metrics` (time queued for a batch slot, to first token, generating).
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ class TargetServer:
         }
         if body.get("return_token_ids"):
             data["prompt_token_ids"] = prompt_ids
+        if result.timing is not None:
+            data["metrics"] = result.timing.metrics(len(ids))
         return data
 
     def bytes_entry(self, token_id: int, logprob: float) -> dict:
