@@ -18,6 +18,7 @@ from prefect import task, unmapped
 from tasks.completions import finished, mark_done, remove_stale_markers
 from tasks.config import RunConfig
 from tasks.failpoints import failpoint
+from tasks.progress_log import ProgressLog
 from tasks.stages import stage, stage_dir
 
 
@@ -75,6 +76,7 @@ class ShardedStage:
     def tasks(self) -> StageTasks:
         """The stage's Prefect tasks: `<name>-plan`, `<name>-shard` (one run per shard), `<name>-finalize`."""
         return StageTasks(
+            name=self.name,
             plan=task(self.plan_current, name=f"{self.name}-plan", persist_result=False),
             shard=task(
                 self.run_shard, name=f"{self.name}-shard", task_run_name=f"{self.name}-{{shard.name}}", persist_result=False
@@ -93,12 +95,28 @@ class ShardedStage:
 
 @dataclass(frozen=True)
 class StageTasks:
+    name: str
     plan: Callable
     shard: Callable
     finalize: Callable
 
     def run(self, config: RunConfig, force: bool = False) -> dict:
         """Inside a flow: plan, one task run per shard (spread by the flow's task runner), finalize."""
+        from prefect.futures import as_completed
+
         shards = self.plan(config)
-        markers = self.shard.map(unmapped(config), shards, force=unmapped(force)).result()
-        return self.finalize(config, shards, markers)
+        futures = self.shard.map(unmapped(config), shards, force=unmapped(force))
+        running = {f.task_run_id: s.name for f, s in zip(futures, shards, strict=True)}
+        with ProgressLog(self.name, len(shards), "shards", note=lambda: waiting_on(list(running.values()))) as progress:
+            for future in as_completed(futures):
+                running.pop(future.task_run_id, None)
+                progress.advance()
+        return self.finalize(config, shards, [f.result() for f in futures])
+
+
+def waiting_on(names: list[str], shown: int = 3) -> str:
+    """'waiting on part-00003-0000, part-00004-0000 and 5 more' (what a progress line says it waits for)."""
+    if not names:
+        return "all shards done"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return "waiting on " + ", ".join(names[:shown]) + more

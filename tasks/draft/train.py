@@ -6,6 +6,7 @@ batch): `torchrun --nproc-per-node 2 -m tasks.draft.train runs/demo/draft/launch
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ from tasks.draft.ttt import target_in_vocab, unroll
 from tasks.draft.vocab import build_draft_vocab, count_trained_tokens, load_vocab, save_vocab
 from tasks.extract.backend import default_aux_layer_ids
 from tasks.failpoints import failpoint
+from tasks.progress_log import ProgressLog
 from tasks.stages import stage_dir
 from tasks.storage import atomic_path
 from tasks.target.loader import shared_model
@@ -195,54 +197,61 @@ def train_draft(
     started, tokens_seen = time.perf_counter(), 0
     tokens_before = records[-1]["tokens"] if records else 0
 
-    while step < stop:
-        batches = plan_batches(lengths, tc.batch_tokens * world, config.compute.seed, epoch)
-        if position >= len(batches):
-            epoch, position = epoch + 1, 0
-            continue
-        global_rows = batches[position]
-        mine, idle = rank_slice(global_rows, rank, world)
-        batch = collate([source.rows[i] for i in mine], source.features(mine))
-        if idle:
-            batch["loss_mask"].zero_()
-        batch = {k: v.to(device) for k, v in batch.items()}
-        batch["in_vocab"] = _in_vocab(mine, lengths, batch, in_vocab_cache, lm_head_full, draft.t2d)
-        with autocast:
-            scores = unroll(model, batch, draft_lm_head, tc.ttt_steps, tc.ttt_feed)
-        totals = torch.stack([torch.stack([s.count, s.correct, s.loss_sum.detach(), s.trained]) for s in scores])  # (k, 4)
-        if world > 1:
-            dist.all_reduce(totals)
-        # Each step's loss is a mean over the global batch; DDP averages gradients, hence the * world.
-        loss = sum(tc.ttt_decay**i * s.loss_sum / totals[i, 0].clamp(min=1) for i, s in enumerate(scores)) * world
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        step, position = step + 1, position + 1
-        tokens_seen += sum(lengths[i] for i in global_rows)
-        if rank == 0:
-            records.append(_record(step, totals, tc.ttt_decay, scheduler, grad_norm, tokens_before + tokens_seen, started))
-        if step % tc.checkpoint_every == 0 or step == stop:
-            if rank == 0:
-                save_checkpoint(
-                    out / "checkpoints",
-                    draft,
-                    optimizer,
-                    scheduler,
-                    {
-                        "step": step,
-                        "epoch": epoch,
-                        "position": position,
-                        "draft_config": draft.cfg.to_dict(),
-                        "aux_layer_ids": layer_ids,
-                    },
-                    keep=tc.keep_checkpoints,
-                )
-                write_metrics(metrics_path, records)
-                failpoint("train.checkpoint")
+    def note() -> str:
+        last = records[-1] if records else None
+        pace = f"{tokens_seen / (time.perf_counter() - started):.0f} tokens/s"
+        return f"loss {last['loss']:.3f}, acc_0 {last['acc_0']:.3f}, {pace}" if last else pace
+
+    with ProgressLog("train", stop - step, "steps", note=note) if rank == 0 else contextlib.nullcontext() as progress:
+        while step < stop:
+            batches = plan_batches(lengths, tc.batch_tokens * world, config.compute.seed, epoch)
+            if position >= len(batches):
+                epoch, position = epoch + 1, 0
+                continue
+            global_rows = batches[position]
+            mine, idle = rank_slice(global_rows, rank, world)
+            batch = collate([source.rows[i] for i in mine], source.features(mine))
+            if idle:
+                batch["loss_mask"].zero_()
+            batch = {k: v.to(device) for k, v in batch.items()}
+            batch["in_vocab"] = _in_vocab(mine, lengths, batch, in_vocab_cache, lm_head_full, draft.t2d)
+            with autocast:
+                scores = unroll(model, batch, draft_lm_head, tc.ttt_steps, tc.ttt_feed)
+            totals = torch.stack([torch.stack([s.count, s.correct, s.loss_sum.detach(), s.trained]) for s in scores])  # (k, 4)
             if world > 1:
-                dist.barrier()
+                dist.all_reduce(totals)
+            # Each step's loss is a mean over the global batch; DDP averages gradients, hence the * world.
+            loss = sum(tc.ttt_decay**i * s.loss_sum / totals[i, 0].clamp(min=1) for i, s in enumerate(scores)) * world
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            step, position = step + 1, position + 1
+            tokens_seen += sum(lengths[i] for i in global_rows)
+            if rank == 0:
+                records.append(_record(step, totals, tc.ttt_decay, scheduler, grad_norm, tokens_before + tokens_seen, started))
+                progress.advance()
+            if step % tc.checkpoint_every == 0 or step == stop:
+                if rank == 0:
+                    save_checkpoint(
+                        out / "checkpoints",
+                        draft,
+                        optimizer,
+                        scheduler,
+                        {
+                            "step": step,
+                            "epoch": epoch,
+                            "position": position,
+                            "draft_config": draft.cfg.to_dict(),
+                            "aux_layer_ids": layer_ids,
+                        },
+                        keep=tc.keep_checkpoints,
+                    )
+                    write_metrics(metrics_path, records)
+                    failpoint("train.checkpoint")
+                if world > 1:
+                    dist.barrier()
     elapsed = time.perf_counter() - started
     if rank == 0:
         write_metrics(metrics_path, records)

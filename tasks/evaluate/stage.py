@@ -17,6 +17,7 @@ from tasks.evaluate.speculative import DecodeResult, acceptance_by_position, gre
 from tasks.failpoints import failpoint
 from tasks.gates import enforce
 from tasks.image_artifact import publish_image
+from tasks.progress_log import ProgressLog
 from tasks.stages import stage_dir
 from tasks.storage import atomic_path, read_table, write_table
 
@@ -65,19 +66,23 @@ def decode_with_transformers(config: RunConfig, prompts: list[dict], target, exp
     _, layer_ids = read_export_config(export_dir)
     baseline = untrained_draft(config, draft, embed, lm_head) if ec.min_tau_gain is not None else None
     plain, spec, untrained = [], [], []
-    for p in prompts:
-        started = time.perf_counter()
-        tokens = greedy_decode(target, p["prompt_ids"], ec.max_new_tokens, eos_ids)
-        plain.append((DecodeResult(tokens=tokens), time.perf_counter() - started))
-        started = time.perf_counter()
-        result = speculative_decode(target, draft, p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids)
-        spec.append((result, time.perf_counter() - started))
-        if baseline is not None:
+
+    def note() -> str:
+        done = [r for r, _ in spec]
+        return f"τ so far {pooled_tau(done):.3f} at k={ec.num_draft_tokens}" if done else "decoding the first prompt"
+
+    with ProgressLog("evaluate", len(prompts), "prompts", note=note) as progress:
+        for p in prompts:
+            started = time.perf_counter()
+            tokens = greedy_decode(target, p["prompt_ids"], ec.max_new_tokens, eos_ids)
+            plain.append((DecodeResult(tokens=tokens), time.perf_counter() - started))
             args = (p["prompt_ids"], layer_ids, ec.num_draft_tokens, ec.max_new_tokens, eos_ids)
-            untrained.append(speculative_decode(target, baseline, *args))
-        else:
-            untrained.append(None)
-        failpoint("evaluate.prompt")
+            started = time.perf_counter()
+            result = speculative_decode(target, draft, *args)
+            spec.append((result, time.perf_counter() - started))
+            untrained.append(speculative_decode(target, baseline, *args) if baseline is not None else None)
+            failpoint("evaluate.prompt")
+            progress.advance()
     return plain, spec, untrained
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
+from collections import deque
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from tasks.progress_log import LOG_EVERY_S, rate_and_eta
+
 log = logging.getLogger(__name__)
 ARTIFACT_EVERY_S = 2.0  # Prefect API calls are ~30 ms each: update the artifact at most this often
-LOG_EVERY_S = 15.0
 
 
 def in_prefect_run() -> bool:
@@ -31,6 +34,7 @@ class GenerationProgress:
         self.cost = 0.0
         self.tokens = 0
         self.concurrency = concurrency
+        self.queued = deque(maxlen=50)  # seconds the last replies waited in the server's queue, where reported
         self.started = time.monotonic()
         self._last_push = 0.0
         self._artifact_id = None
@@ -62,6 +66,8 @@ class GenerationProgress:
             self.done += 1
             self.cost += record.get("cost") or 0.0
             self.tokens += record.get("completion_tokens") or 0
+            if record.get("server_queue_s") is not None:
+                self.queued.append(record["server_queue_s"])
         else:
             self.failed += 1
         status = f"failed {self.failed}  ${self.cost:.4f}"
@@ -71,14 +77,13 @@ class GenerationProgress:
     def line(self) -> str:
         """One progress line for the run log."""
         finished, seconds = self.done + self.failed, max(time.monotonic() - self.started, 1e-9)
-        rate = finished / seconds
         left = self.total - finished
-        eta = f"ETA {left / rate:.0f} s" if rate > 0 else "ETA unknown (no reply yet)"
         waiting = f"awaiting {min(left, self.concurrency)} replies" if left else "all replies in"
-        return (
-            f"generate: {finished}/{self.total} rows ({self.failed} failed), {rate:.2f} rows/s, "
-            f"{self.tokens / seconds:.1f} tokens/s, {eta}, ${self.cost:.4f} so far; {waiting}"
-        )
+        if left and self.queued:
+            queued = statistics.median(self.queued)
+            waiting += f", the last {len(self.queued)} waited {queued:.1f} s (median) in the server's queue"
+        pace = f"{rate_and_eta(finished, self.total, seconds, 'rows')}, {self.tokens / seconds:.1f} tokens/s"
+        return f"generate: {finished}/{self.total} rows ({self.failed} failed), {pace}, ${self.cost:.4f} so far; {waiting}"
 
     def log_line(self) -> None:
         log.info(self.line())  # `tasks` is one of Prefect's extra loggers: the line reaches the run log too
