@@ -10,7 +10,7 @@ pipeline of the same config; the run directory's lock guards runs started any ot
 from __future__ import annotations
 
 from flows.pipeline import eagle3_pipeline
-from tasks.config import RunConfig
+from tasks.config import OrchestrationConfig, RunConfig
 from tasks.prefect_env import PROJECT_ROOT
 from tasks.stages import STAGE_NAMES, stage, stage_flow
 
@@ -21,13 +21,24 @@ def entrypoint(flow_ref: str) -> str:
     return f"{module.replace('.', '/')}.py:{attribute}"
 
 
+def run_form(deployment):
+    """Keep the deployment's parameters to what a run reads: no `force` flag (the CLI's `--force`, or `force` passed
+    through the API, still work), no deploy-time settings (schedule, time zone, work pool)."""
+    schema = deployment._parameter_openapi_schema
+    schema.properties.pop("force", None)
+    for key in OrchestrationConfig.DEPLOY_ONLY:
+        schema.definitions["OrchestrationConfig"]["properties"].pop(key)
+    return deployment
+
+
 def build_deployments(config: RunConfig) -> list:
     """The pipeline deployment (with the config's cron schedule) plus one unscheduled deployment per stage."""
     from prefect.client.schemas.schedules import CronSchedule
 
     orchestration = config.orchestration
+    run_config = config.model_dump(mode="json", exclude={"orchestration": set(OrchestrationConfig.DEPLOY_ONLY)})
     common = {
-        "parameters": {"config": config.model_dump(mode="json")},
+        "parameters": {"config": run_config},
         "work_pool_name": orchestration.work_pool,
         "job_variables": {"working_dir": str(PROJECT_ROOT)},
         "concurrency_limit": 1,
@@ -43,7 +54,7 @@ def build_deployments(config: RunConfig) -> list:
         **common,
     )
     pipeline.entrypoint = entrypoint("flows.pipeline:eagle3_pipeline")
-    deployments = [pipeline]
+    deployments = [run_form(pipeline)]
     for name in STAGE_NAMES:
         deployment = stage_flow(name).to_deployment(
             name=f"{config.name}-{name}",
@@ -52,7 +63,7 @@ def build_deployments(config: RunConfig) -> list:
             **common,
         )
         deployment.entrypoint = entrypoint(stage(name).flow)
-        deployments.append(deployment)
+        deployments.append(run_form(deployment))
     return deployments
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -456,6 +456,9 @@ class VllmConfig(StrictModel):
 
 
 class OrchestrationConfig(StrictModel):
+    # Read by `draftsmith deploy` and the worker, never by a run: left out of the deployments' run form.
+    DEPLOY_ONLY: ClassVar[tuple[str, ...]] = ("schedule_cron", "schedule_timezone", "work_pool")
+
     task_runner: Literal["threads", "dask", "ray"] = "threads"
     """Task runner: threads on one machine; dask or ray spread shards over a cluster."""
     max_workers: int = Field(2, gt=0)

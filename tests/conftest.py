@@ -151,18 +151,22 @@ def prefect_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_run(prefect_server, tmp_path_factory):
-    """The tiny pipeline run once, uninterrupted, recorded in `prefect_server`.
+    """The tiny pipeline as a user runs it from the UI: `draftsmith deploy --no-serve` registers the deployments (a
+    nightly schedule in Europe/Paris, on work pool `tiny-pool`), a `draftsmith worker` runs the pipeline deployment
+    triggered by API, once, uninterrupted, recorded in `prefect_server`.
 
     The generate task fails once on purpose (a failpoint) so that a retry shows in the task history.
-    Yields (run_dir, seconds, completed process).
+    Yields (run_dir, the deploy command's completed process, the pipeline's flow run).
     """
-    import time
+    import httpx
 
-    from tests.pipeline_runs import run_tiny
+    from tests.pipeline_runs import deploy_tiny, run_on_worker
 
     runs_dir = tmp_path_factory.mktemp("tiny-runs")
-    started = time.time()
-    done = run_tiny(runs_dir, api_url=prefect_server, env={"DRAFTSMITH_FAILPOINTS": "generate.task=fail-once"})
-    seconds = time.time() - started
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return runs_dir / "tiny", seconds, done
+    schedule = ["--set", "orchestration.schedule_cron=0 3 * * *", "--set", "orchestration.schedule_timezone=Europe/Paris"]
+    deployed = deploy_tiny(runs_dir, prefect_server, "tiny-pool", schedule)
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-5000:]
+    [pipeline] = httpx.post(f"{prefect_server}/deployments/filter", json={"deployments": {"name": {"any_": ["tiny"]}}}).json()
+    run = run_on_worker(prefect_server, pipeline["id"], "tiny-pool", env={"DRAFTSMITH_FAILPOINTS": "generate.task=fail-once"})
+    assert run["state_type"] == "COMPLETED", run["state"]
+    return runs_dir / "tiny", deployed, run

@@ -6,7 +6,10 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "fixtures" / "configs" / "tiny.yaml"
@@ -36,6 +39,36 @@ def run_tiny(runs_dir: Path, api_url: str | None = None, env: dict | None = None
     """The tiny pipeline config into `runs_dir`."""
     args = ["run", "--config", str(TINY), "--set", f"runs_dir={runs_dir}", *extra]
     return run_cli(args, api_url=api_url, env=env)
+
+
+def deploy_tiny(runs_dir: Path, api_url: str, pool: str, extra: list[str] = ()) -> subprocess.CompletedProcess:
+    """`draftsmith deploy --no-serve` of the tiny config into `runs_dir`, on work pool `pool`."""
+    args = ["--config", str(TINY), "--set", f"runs_dir={runs_dir}", "--set", f"orchestration.work_pool={pool}", *extra]
+    return run_cli(["deploy", "--no-serve", *args], api_url=api_url)
+
+
+def run_on_worker(api_url: str, deployment_id: str, pool: str, env: dict[str, str] | None = None, timeout: float = 900) -> dict:
+    """Trigger a deployment by API with a `draftsmith worker` serving `pool`; returns the flow run once it settled."""
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "worker", "--config", str(TINY), "--set", f"orchestration.work_pool={pool}"],
+        cwd=ROOT,
+        env=os.environ | (env or {}) | {"PREFECT_API_URL": api_url},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        created = httpx.post(f"{api_url}/deployments/{deployment_id}/create_flow_run", json={}, timeout=30)
+        assert created.status_code == 201, created.text
+        run, deadline = created.json(), time.monotonic() + timeout
+        while run["state_type"] not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") and time.monotonic() < deadline:
+            time.sleep(2)
+            polled = httpx.get(f"{api_url}/flow_runs/{run['id']}", timeout=30)
+            if polled.status_code == 200:  # a busy SQLite server may answer 5xx now and then: ask again
+                run = polled.json()
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    return run
 
 
 def tree_hashes(root: Path, skip: tuple[str, ...] = ("_stage.json", ".lock")) -> dict[str, str]:

@@ -1,18 +1,14 @@
 """eagle3_pipeline against a real Prefect server: runs, subflows, task history, artifacts, reruns, deployments."""
 
-import os
 import re
 import shutil
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
 from tasks.run_report import STAGE_ARTIFACTS
 from tasks.stages import STAGE_NAMES
-from tests.pipeline_runs import ROOT, TINY, run_cli, run_tiny, tree_hashes, tree_stats
+from tests.pipeline_runs import ROOT, run_tiny, tree_hashes, tree_stats
 
 pytestmark = pytest.mark.slow
 
@@ -29,24 +25,30 @@ def flow_names(url: str) -> dict[str, str]:
     return {f["id"]: f["name"] for f in api(url, "/flows/filter")}
 
 
-def test_parent_subflows_tasks_and_artifacts_are_recorded(tiny_run, prefect_server):
-    names = flow_names(prefect_server)
-    runs = api(prefect_server, "/flow_runs/filter")
-    parents = [r for r in runs if names[r["flow_id"]] == "eagle3_pipeline"]
-    assert len(parents) == 1 and parents[0]["state_type"] == "COMPLETED"
-    parent = parents[0]
+def run_tree(url: str, parent: dict) -> tuple[dict[str, dict], list[dict]]:
+    """The stage subflows of a pipeline run by flow name, and the task runs of the whole tree."""
+    names = flow_names(url)
+    children = api(url, "/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [parent["id"]]}}})
+    subflows = {names[r["flow_id"]]: r for r in children}
+    tree = [parent["id"]] + [r["id"] for r in children]
+    return subflows, api(url, "/task_runs/filter", {"flow_runs": {"id": {"any_": tree}}, "limit": 200})
+
+
+def test_the_pipeline_run_by_a_worker_records_subflows_tasks_and_artifacts(tiny_run, prefect_server):
+    """Done on the run a worker made of the deployment triggered by API: named, tagged runs, one preflight, one
+    gate task per stage, a retry in the history, progress in the log, and a run report linking this run's artifacts."""
+    _, _, parent = tiny_run
     assert parent["name"].startswith("tiny-pipeline-") and {"tiny", "pipeline"} <= set(parent["tags"])
 
-    tasks = api(prefect_server, "/task_runs/filter")
+    subflows, tasks = run_tree(prefect_server, parent)
     by_id = {t["id"]: t for t in tasks}
-    subflows = {names[r["flow_id"]]: r for r in runs if r["parent_task_run_id"]}
     assert set(subflows) == STAGE_FLOWS
     for stage, run in subflows.items():
         assert run["state_type"] == "COMPLETED", stage
         assert run["name"].startswith(f"tiny-{stage}-") and {"tiny", stage} <= set(run["tags"]), run
         assert by_id[run["parent_task_run_id"]]["flow_run_id"] == parent["id"], stage
 
-    stage_tasks = [t for t in tasks if t["flow_run_id"] in {r["id"] for r in subflows.values()}]
+    stage_tasks = [t for t in tasks if t["flow_run_id"] != parent["id"]]
     task_names = [t["name"] for t in stage_tasks]
     # Shard tasks are named by what they cover; the others get Prefect's short suffix.
     for prefix in (
@@ -66,6 +68,9 @@ def test_parent_subflows_tasks_and_artifacts_are_recorded(tiny_run, prefect_serv
     assert [t["flow_run_id"] for t in preflights] == [parent["id"]]  # once per pipeline run, in the parent
     logs = api(prefect_server, "/logs/filter", {"logs": {"flow_run_id": {"any_": [subflows["generate"]["id"]]}}, "limit": 200})
     assert any(re.match(r"generate: (\d+)/\1 rows \(\d+ failed\), .* tokens/s", log["message"]) for log in logs)
+    for stage, unit in (("reconstruct", "shards"), ("extract", "shards"), ("train", "steps"), ("evaluate", "prompts")):
+        logs = api(prefect_server, "/logs/filter", {"logs": {"flow_run_id": {"any_": [subflows[stage]["id"]]}}, "limit": 200})
+        assert any(re.match(rf"{stage}: (\d+)/\1 {unit}, .* ETA ", log["message"]) for log in logs), stage
     retried = [t for t in stage_tasks if t["run_count"] > 1]
     assert [t["name"].rsplit("-", 1)[0] for t in retried] == ["generate"]
     assert retried[0]["state_type"] == "COMPLETED"
@@ -117,52 +122,53 @@ def test_changed_config_reruns_that_stage_and_downstream_only(tiny_run, prefect_
     assert {k for k in after if after[k] != before.get(k)} <= {k for k in after if k.startswith("eval/")}
 
 
-def test_a_deployment_triggered_by_api_runs_on_a_worker_named_and_tagged(tiny_run, prefect_server, tmp_path):
-    """`deploy --no-serve` registers on a process pool it creates; a worker runs the pipeline triggered by API.
-
-    The deployment's config is the finished tiny run (a copy) with evaluate changed, so evaluate reruns and
-    every other stage is skipped as up to date."""
-    run_dir, _, _ = tiny_run
-    shutil.copytree(run_dir, tmp_path / "tiny")
-    config = ["--config", str(TINY), "--set", f"runs_dir={tmp_path}", "--set", "orchestration.work_pool=tiny-pool"]
-    schedule = ["--set", "orchestration.schedule_cron=0 3 * * *", "--set", "orchestration.schedule_timezone=Europe/Paris"]
-    done = run_cli(["deploy", "--no-serve", *config, *schedule, "--set", "evaluate.max_new_tokens=6"], api_url=prefect_server)
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_deploy_registers_on_a_process_pool_with_schedule_limit_and_a_run_form(tiny_run, prefect_server):
+    """`deploy --no-serve` (in the fixture) printed each deployment's name and link, created the pool, and
+    registered the pipeline on it scheduled in its time zone, one run at a time, with a run form holding the config
+    a run reads: no `force` flag, no deploy-time settings. The worker's run came from that deployment."""
+    _, deployed, run = tiny_run
     ui = prefect_server.removesuffix("/api")
-    assert f"registered eagle3_pipeline/tiny on work pool 'tiny-pool'  {ui}/deployments/deployment/" in done.stdout
+    assert f"registered eagle3_pipeline/tiny on work pool 'tiny-pool'  {ui}/deployments/deployment/" in deployed.stdout
     pools = {p["name"]: p for p in api(prefect_server, "/work_pools/filter")}
     assert pools["tiny-pool"]["type"] == "process"
 
     names = flow_names(prefect_server)
     deployments = {d["name"]: d for d in api(prefect_server, "/deployments/filter")}
     pipeline = deployments["tiny"]
+    assert run["deployment_id"] == pipeline["id"] and run["work_pool_name"] == "tiny-pool"
     assert names[pipeline["flow_id"]] == "eagle3_pipeline" and pipeline["work_pool_name"] == "tiny-pool"
     assert [(s["schedule"]["cron"], s["schedule"]["timezone"]) for s in pipeline["schedules"]] == [("0 3 * * *", "Europe/Paris")]
     assert pipeline["global_concurrency_limit"]["limit"] == 1 and pipeline["enforce_parameter_schema"] is True
-    assert "RunConfig" in pipeline["parameter_openapi_schema"]["definitions"]
     assert {f"tiny-{stage}" for stage in STAGE_FLOWS} <= set(deployments)
-
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "worker", *config],
-        cwd=ROOT,
-        env=os.environ | {"PREFECT_API_URL": prefect_server},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    for deployment in [pipeline] + [deployments[f"tiny-{stage}"] for stage in STAGE_FLOWS]:
+        form = deployment["parameter_openapi_schema"]
+        assert list(form["properties"]) == ["config"], deployment["name"]
+        orchestration = form["definitions"]["OrchestrationConfig"]["properties"]
+        assert {"task_runner", "max_workers"} <= set(orchestration) and not {"schedule_cron", "work_pool"} & set(orchestration)
+        assert "schedule_cron" not in deployment["parameters"]["config"]["orchestration"]
+    # `force` is out of the form, not out of reach: the API still takes it (the run is deleted before a worker sees it).
+    forced = httpx.post(
+        f"{prefect_server}/deployments/{pipeline['id']}/create_flow_run", json={"parameters": {"force": ["train"]}}
     )
-    try:
-        run = httpx.post(f"{prefect_server}/deployments/{pipeline['id']}/create_flow_run", json={}, timeout=30).json()
-        deadline = time.monotonic() + 600
-        while run["state_type"] not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") and time.monotonic() < deadline:
-            time.sleep(2)
-            run = httpx.get(f"{prefect_server}/flow_runs/{run['id']}", timeout=30).json()
-    finally:
-        worker.terminate()
-        worker.wait(60)
-    assert run["state_type"] == "COMPLETED", run["state"]
-    assert run["name"].startswith("tiny-pipeline-") and {"tiny", "pipeline"} <= set(run["tags"])
-    children = api(prefect_server, "/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [run["id"]]}}})
-    tree = [run["id"]] + [c["id"] for c in children]
-    child_tasks = api(prefect_server, "/task_runs/filter", {"flow_runs": {"id": {"any_": tree}}})
-    assert [c["name"].rsplit("-", 2)[0] for c in children] == ["tiny-evaluate"]  # the rest was up to date
-    assert {"tiny", "evaluate"} <= set(children[0]["tags"])
-    assert [t["name"].rsplit("-", 1)[0] for t in child_tasks].count("preflight") == 1
+    assert forced.status_code == 201 and forced.json()["parameters"]["force"] == ["train"], forced.text
+    assert httpx.delete(f"{prefect_server}/flow_runs/{forced.json()['id']}").status_code == 204
+
+
+def test_every_name_the_readme_gives_is_what_the_server_shows(tiny_run, prefect_server):
+    """The README's task runs and artifacts of a pipeline run, read against the worker's run: both ways for
+    artifacts, every README task name for task runs (Prefect adds a short suffix to unnamed ones)."""
+    _, _, parent = tiny_run
+    readme = (ROOT / "README.md").read_text()
+    tasks_part = readme[readme.index("each with its task runs:") : readme.index("and one gate task per stage")]
+    artifacts_part = readme[readme.index("**Artifacts** holds") : readme.index("linking\nto the artifact pages")]
+    said_tasks = re.findall(r"`([a-z0-9.-]+)`", tasks_part)
+    said_artifacts = set(re.findall(r"`([a-z-]+)`", artifacts_part))
+    subflows, tasks = run_tree(prefect_server, parent)
+    shown = {t["name"] for t in tasks}
+    for name in said_tasks:
+        assert name in shown or any(re.fullmatch(rf"{re.escape(name)}-[0-9a-z]{{3}}", s) for s in shown), (name, shown)
+    tree = {parent["id"]} | {r["id"] for r in subflows.values()}
+    mine = api(prefect_server, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": list(tree)}}, "limit": 200})
+    keys = {a["key"] for a in mine if a["key"]}
+    gates = {f"gate-{stage}" for stage in STAGE_NAMES}
+    assert gates <= keys and said_artifacts == keys - gates, said_artifacts ^ (keys - gates)
