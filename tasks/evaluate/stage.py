@@ -68,7 +68,7 @@ def decode_with_transformers(config: RunConfig, prompts: list[dict], target, exp
     plain, spec, untrained = [], [], []
 
     def note() -> str:
-        done = [r for r, _ in spec]
+        done = [r for r, _ in spec[: len(untrained)]]  # prompts finished (the untrained draft's decode comes last)
         return f"τ so far {pooled_tau(done):.3f} at k={ec.num_draft_tokens}" if done else "decoding the first prompt"
 
     with ProgressLog("evaluate", len(prompts), "prompts", note=note) as progress:
