@@ -125,6 +125,9 @@ class SourceConfig(StrictModel):
     """Rows to skip first, so several runs can draw disjoint slices."""
     max_prompt_chars: int | None = Field(None, gt=0)
     """Prompts longer than this (characters over all turns) are quarantined before any request is paid."""
+    replies: Literal["target", "dataset"] = "target"
+    """Whose replies are trained on: "target" buys the target's reply to each prompt over the API; "dataset" takes
+    the row's own last assistant turn as it is, with no request (every table marks its rows `origin: dataset`)."""
 
 
 class ApiConfig(StrictModel):

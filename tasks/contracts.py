@@ -69,6 +69,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             # Unix seconds the API created the reply (its `created`): the date templates such as gpt-oss's write
             # into the prompt, so reconstruct renders the prompt the target saw. Null when not reported.
             ("created", pa.int64()),
+            # "target" (the target's reply, bought over the API) or "dataset" (a dataset's own reply, source
+            # `replies: dataset`); null in tables written before the column, read as target.
+            ("origin", pa.string()),
         ]
     ),
     # Rows a stage refused, with why; never passed on.
@@ -97,6 +100,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("round_trip", pa.bool_()),  # decode(input_ids) == rendered text
             ("finish_reason", pa.string()),
             ("prompt_text", pa.string()),  # the prompt turns as plain text, for dedup
+            ("origin", pa.string()),  # target | dataset, as in `generations`
         ]
     ),
     # Per-row trust in the ids (validate stage output).
@@ -123,6 +127,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("loss_mask", MASK),
             ("num_tokens", pa.int32()),
             ("num_trained", pa.int32()),  # tokens under the loss mask
+            ("origin", pa.string()),  # target | dataset, as in `generations`
         ]
     ),
     # Where each merged row's hidden states live (extract stage output).
@@ -141,7 +146,11 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 
 # Columns added after a table's first version: a file written before them reads with nulls there.
-LATER_COLUMNS: dict[str, set[str]] = {"generations": {"reasoning_kind", "template_kwargs", "created"}}
+LATER_COLUMNS: dict[str, set[str]] = {
+    "generations": {"reasoning_kind", "template_kwargs", "created", "origin"},
+    "reconstructed": {"origin"},
+    "merged": {"origin"},
+}
 
 
 def schema(name: str) -> pa.Schema:

@@ -146,7 +146,10 @@ def _failure(er: Any, id_column: str) -> Failure:
         detail = "; ".join(str(m) for m in messages[:1])
     bounds = {k: kwargs[k] for k in ("min_value", "max_value", "value_set") if k in kwargs}
     if bounds:
-        detail = f"expected {bounds}" + (f"; {detail}" if detail else "")
+        condition = kwargs.get("row_condition")  # GX keeps a pandas condition as {"pass_through_filter": text, ...}
+        condition = condition.get("pass_through_filter", condition) if isinstance(condition, dict) else condition
+        where = f" where {condition}" if condition else ""
+        detail = f"expected {bounds}{where}" + (f"; {detail}" if detail else "")
     return Failure(config.type, str(column) if column else None, observed, ids, detail)
 
 

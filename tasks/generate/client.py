@@ -141,6 +141,28 @@ def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, temp
         else None,
         "template_kwargs": json.dumps(template_kwargs, sort_keys=True) if template_kwargs else None,
         "created": data["created"] if isinstance(data.get("created"), int) else None,
+        "origin": "target",
+    }
+
+
+def dataset_record(prompt: dict) -> dict:
+    """A `generations` row from a dataset's own reply (source `replies: dataset`): no request, origin dataset."""
+    message = prompt["reply"]
+    reasoning, reasoning_kind = reply_reasoning(message)
+    calls = message.get("tool_calls")
+    return {
+        "id": prompt["id"],
+        "source": prompt["source"],
+        "messages": prompt["messages"],
+        "tools": prompt["tools"],
+        "reasoning": reasoning,
+        "reasoning_kind": reasoning_kind,
+        "content": message.get("content"),
+        "tool_calls": json.dumps(calls, ensure_ascii=False) if calls else None,
+        "finish_reason": "tool_calls" if calls else "stop",
+        "truncated": False,
+        "provider": "dataset",
+        "origin": "dataset",
     }
 
 

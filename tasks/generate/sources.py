@@ -38,6 +38,7 @@ SHAREGPT_ROLES = {
 }
 BFCL_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
 INSTRUCTION_KEYS = ("instruction", "problem", "prompt", "question")
+RESPONSE_KEYS = ("output", "response", "answer", "solution", "completion")
 JSON_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 
 
@@ -154,14 +155,15 @@ def _check_messages(messages: Any) -> list[dict]:
     return messages
 
 
-def cut_last_reply(messages: list[dict]) -> list[dict]:
-    """The turns before the last assistant turn (regenerated); must end with a user or tool turn."""
+def cut_last_reply(messages: list[dict]) -> tuple[list[dict], dict | None]:
+    """(the turns before the last assistant turn, that turn or None); the prompt must end with a user or tool turn."""
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+    reply = None
     if last is not None and last == len(messages) - 1:
-        messages = messages[:last]
+        messages, reply = messages[:last], messages[last]
     if not messages or messages[-1]["role"] not in ("user", "tool"):
         raise RowError("bad_row", "messages", "no user or tool turn before the reply to regenerate")
-    return messages
+    return messages, reply
 
 
 def _check_schema(node: Any, where: str) -> None:
@@ -195,13 +197,17 @@ def _check_tools(tools: Any) -> list[dict]:
     return tools
 
 
-def from_openai(record: dict) -> tuple[list[dict], list[dict] | None, Any]:
+Parsed = tuple[list[dict], list[dict] | None, Any, dict | None]  # prompt messages, tools, the row's id, its reply
+
+
+def from_openai(record: dict) -> Parsed:
     messages = _check_messages(record.get("messages"))
     tools = _check_tools(record["tools"]) if record.get("tools") else None
-    return cut_last_reply(messages), tools, record.get("id")
+    prompt, reply = cut_last_reply(messages)
+    return prompt, tools, record.get("id"), reply
 
 
-def from_sharegpt(record: dict) -> tuple[list[dict], None, Any]:
+def from_sharegpt(record: dict) -> Parsed:
     turns = record.get("conversations", record.get("conversation"))
     if not isinstance(turns, list) or not turns:
         raise RowError("bad_row", "conversations", "expected a non-empty list of {from, value} turns")
@@ -211,7 +217,8 @@ def from_sharegpt(record: dict) -> tuple[list[dict], None, Any]:
         if role is None:
             raise RowError("bad_row", f"conversations[{i}].from", f"unknown speaker {turn!r:.60}")
         messages.append({"role": role, "content": turn.get("value")})
-    return cut_last_reply(_check_messages(messages)), None, record.get("id")
+    prompt, reply = cut_last_reply(_check_messages(messages))
+    return prompt, None, record.get("id"), reply
 
 
 def _bfcl_schema(node: Any) -> Any:
@@ -226,7 +233,7 @@ def _bfcl_schema(node: Any) -> Any:
     return node
 
 
-def from_bfcl(record: dict) -> tuple[list[dict], list[dict], Any]:
+def from_bfcl(record: dict) -> Parsed:
     question = record.get("question")
     if not isinstance(question, list) or not question:
         raise RowError("bad_row", "question", "expected a list of turns (each a list of chat messages)")
@@ -241,10 +248,11 @@ def from_bfcl(record: dict) -> tuple[list[dict], list[dict], Any]:
         spec = {"name": fn["name"], "description": fn.get("description", "")}
         spec["parameters"] = _bfcl_schema(fn.get("parameters") or {"type": "object", "properties": {}})
         tools.append({"type": "function", "function": spec})
-    return cut_last_reply(_check_messages(turns)), tools, record.get("id")
+    prompt, reply = cut_last_reply(_check_messages(turns))
+    return prompt, tools, record.get("id"), reply
 
 
-def from_instruction(record: dict) -> tuple[list[dict], None, Any]:
+def from_instruction(record: dict) -> Parsed:
     key = next((k for k in INSTRUCTION_KEYS if isinstance(record.get(k), str) and record[k].strip()), None)
     if key is None:
         raise RowError("bad_row", "instruction", f"no non-empty field among {list(INSTRUCTION_KEYS)}")
@@ -254,7 +262,8 @@ def from_instruction(record: dict) -> tuple[list[dict], None, Any]:
         text = f"{text}\n\n{extra.strip()}"
     messages = [{"role": "system", "content": record["system"]}] if record.get("system") else []
     messages.append({"role": "user", "content": text})
-    return messages, None, record.get("id")
+    answer = next((record[k] for k in RESPONSE_KEYS if isinstance(record.get(k), str) and record[k].strip()), None)
+    return messages, None, record.get("id"), {"role": "assistant", "content": answer} if answer else None
 
 
 PARSERS = {"openai": from_openai, "sharegpt": from_sharegpt, "bfcl": from_bfcl, "instruction": from_instruction}
@@ -279,7 +288,9 @@ def load_source(cfg: SourceConfig) -> LoadedPrompts:
         try:
             if not isinstance(record, dict):
                 raise RowError("bad_row", "<row>", f"expected an object, got {type(record).__name__}")
-            messages, tools, given = parse(record)
+            messages, tools, given, reply = parse(record)
+            if cfg.replies == "dataset" and reply is None:
+                raise RowError("no_reply", "messages", "replies: dataset needs the row to end with an assistant turn")
             if cfg.max_prompt_chars is not None:
                 chars = sum(len(m.get("content") or "") for m in messages)
                 if chars > cfg.max_prompt_chars:
@@ -307,6 +318,7 @@ def load_source(cfg: SourceConfig) -> LoadedPrompts:
                 "messages": json.dumps(messages, ensure_ascii=False),
                 "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
             }
+            | ({"reply": reply} if cfg.replies == "dataset" else {})
         )
     return out
 

@@ -14,7 +14,7 @@ from prefect import task
 from tasks.config import ApiConfig, RunConfig
 from tasks.contracts import quarantine_row, schema
 from tasks.failpoints import failpoint
-from tasks.generate.client import ChatClient
+from tasks.generate.client import ChatClient, dataset_record
 from tasks.generate.journal import JournalState, JournalWriter, read_journal
 from tasks.generate.progress import GenerationProgress
 from tasks.generate.runner import RunTally, run_requests
@@ -76,7 +76,7 @@ def write_outputs(
     """Build the output shards and quarantine table from the journal; returns (rows, failures, quarantine)."""
     rows, failures, quarantine = [], [], list(prompt_quarantine)
     for prompt in prompts:
-        record = state.done.get(prompt["id"])
+        record = dataset_record(prompt) if "reply" in prompt else state.done.get(prompt["id"])
         failure = state.failed.get(prompt["id"])
         if record is not None and has_reply(record):
             rows.append(output_row(record))
@@ -123,11 +123,13 @@ def run_generate(config: RunConfig, force: bool = False) -> dict:
     loaded = load_sources(gen.sources)
     state = read_journal(journal_path, repair=True)
     settled = set(state.done) if force else state.settled
-    pending = [p for p in loaded.rows if p["id"] not in settled]
+    borrowed = sum(1 for p in loaded.rows if "reply" in p)  # a dataset's own replies: never requested
+    pending = [p for p in loaded.rows if p["id"] not in settled and "reply" not in p]
     log.info(
-        "generate: %d prompts, %d already in the journal, %d to request",
+        "generate: %d prompts, %d with the dataset's reply, %d already in the journal, %d to request",
         len(loaded.rows),
-        len(loaded.rows) - len(pending),
+        borrowed,
+        len(loaded.rows) - borrowed - len(pending),
         len(pending),
     )
     tally = None
@@ -141,7 +143,7 @@ def run_generate(config: RunConfig, force: bool = False) -> dict:
     extra = {
         "prompts": len(loaded.rows),
         "requested_this_run": len(pending),
-        "from_journal": len(loaded.rows) - len(pending),
+        "from_journal": len(loaded.rows) - borrowed - len(pending),
         "stopped": tally.stopped if tally else None,
         "torn_journal_lines": state.torn_lines,
     }

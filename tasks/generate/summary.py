@@ -45,6 +45,7 @@ def summarize(rows: list[dict], failures: list[dict], quarantine: list[dict], ex
         **spread(rows, "server_s"),
         "server_timed_rows": sum(1 for r in rows if r.get("server_s") is not None),
         "by_source": dict(Counter(r["source"] for r in rows).most_common()),
+        "by_origin": dict(Counter(r.get("origin") or "target" for r in rows).most_common()),
         **extra,
     }
 

@@ -1,4 +1,5 @@
-"""Markdown report of a merge: the mix (requested vs realised) and drops per reason and source."""
+"""Markdown report of a merge: the mix (requested vs realised), rows by origin (the target's replies vs a
+dataset's own), and drops per reason and source."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def render_report(manifest: dict) -> str:
             f"| {_share(mix['requested_share'])} | {_share(mix['realised_share'])} "
             f"| {_share(mix['share_of_set'])} | {counts['train']} | {counts['eval']} |"
         )
+    lines += ["", "| origin | train rows | eval rows | train tokens | eval tokens |", "|---|---|---|---|---|"]
+    for origin, n in manifest.get("by_origin", {}).items():
+        lines.append(f"| {origin} | {n['train']} | {n['eval']} | {n['train_tokens']} | {n['eval_tokens']} |")
     sources = list(manifest["mix"])
     lines += ["", "| reason | " + " | ".join(sources) + " | total |", "|---|" + "---|" * (len(sources) + 1)]
     if not manifest["drops"]:

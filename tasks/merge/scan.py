@@ -20,6 +20,7 @@ from tasks.merge.shuffle import BUCKET_SCHEMA, BucketStore
 from tasks.merge.sources import CLASSES, UNVERIFIED, ClassIndex, InputDir, route_rows
 
 COLUMNS = ["id", "source", "input_ids", "loss_mask", "num_tokens", "finish_reason", "prompt_text"]
+ORIGINS = ("target", "dataset")  # `origin` codes in the index; a table written before the column reads as target
 # Bytes the scan keeps per row: five 8-byte digests/ids, small codes, and the id string (~24 bytes).
 INDEX_BYTES_PER_ROW = 72
 INDEX_DTYPES = {
@@ -31,6 +32,7 @@ INDEX_DTYPES = {
     "has_prompt": np.bool_,
     "priority": np.uint64,
     "num_tokens": np.int64,
+    "origin": np.uint8,
 }
 
 
@@ -46,6 +48,7 @@ class ScanIndex:
     has_prompt: list[np.ndarray] = field(default_factory=list)
     priority: list[np.ndarray] = field(default_factory=list)
     num_tokens: list[np.ndarray] = field(default_factory=list)
+    origin: list[np.ndarray] = field(default_factory=list)
     ids: list[pa.Array] = field(default_factory=list)
     rows: int = 0
     unrouted: int = 0
@@ -74,6 +77,18 @@ def check_columns(path, parquet: pq.ParquetFile) -> None:
             )
 
 
+def origins_of(batch: pa.RecordBatch) -> np.ndarray:
+    """Each row's origin as an index into ORIGINS; missing or null reads as target, anything else is refused."""
+    if "origin" not in batch.schema.names:
+        return np.zeros(batch.num_rows, np.uint8)
+    values = pc.fill_null(batch.column("origin"), ORIGINS[0])
+    codes = pc.index_in(values, pa.array(ORIGINS))
+    if codes.null_count:
+        bad = values.filter(pc.is_null(codes))[0].as_py()
+        raise ContractError(f"table 'reconstructed': column 'origin' has {bad!r}, expected one of {list(ORIGINS)}")
+    return codes.to_numpy().astype(np.uint8)
+
+
 def priorities(ids: pa.Array, source_index: np.ndarray, keys: list[bytes]) -> np.ndarray:
     """Seeded shuffle digest per row, keyed by its source so that each source draws independently."""
     out = np.zeros(len(ids), dtype=np.uint64)
@@ -100,7 +115,8 @@ def scan_inputs(
         for path in entry.files:
             parquet = pq.ParquetFile(path)
             check_columns(path, parquet)
-            for batch in parquet.iter_batches(batch_size=batch_rows, columns=COLUMNS):
+            columns = COLUMNS + (["origin"] if "origin" in parquet.schema_arrow.names else [])
+            for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
                 _scan_batch(batch, entry, sources, keys, classes, index, buckets, quarantine)
     return index
 
@@ -128,6 +144,7 @@ def _scan_batch(batch, entry, sources, keys, classes, index, buckets, quarantine
     prompts = normalise_prompts(batch.column("prompt_text"))
     has_prompt = pc.fill_null(pc.greater(pc.utf8_length(prompts), 0), False).to_numpy(zero_copy_only=False)
     priority = priorities(ids, source_index, keys)
+    origin = origins_of(batch)
     rows = np.arange(index.rows, index.rows + batch.num_rows, dtype=np.int64)
 
     index.source_index.append(source_index)
@@ -138,6 +155,7 @@ def _scan_batch(batch, entry, sources, keys, classes, index, buckets, quarantine
     index.has_prompt.append(has_prompt)
     index.priority.append(priority)
     index.num_tokens.append(view.num_tokens)
+    index.origin.append(origin)
     index.ids.append(ids.cast(pa.string()))
     index.rows += batch.num_rows
 
@@ -152,6 +170,7 @@ def _scan_batch(batch, entry, sources, keys, classes, index, buckets, quarantine
             batch.column("loss_mask").filter(pa.array(kept)),
             batch.column("num_tokens").filter(pa.array(kept)),
             pa.array(view.mask_sums[kept].astype(np.int32)),
+            pa.array(np.array(ORIGINS)[origin[kept]]),
         ],
         schema=BUCKET_SCHEMA,
     )

@@ -23,6 +23,7 @@ BUCKET_SCHEMA = pa.schema(
         ("loss_mask", MASK),
         ("num_tokens", pa.int32()),
         ("num_trained", pa.int32()),
+        ("origin", pa.string()),
     ]
 )
 

@@ -28,7 +28,7 @@ from tasks.merge.manifest import (
     write_manifest,
 )
 from tasks.merge.mix import EVAL, SPLITS, TRAIN, SourcePlan, draw_rows, plan_mix, realised_shares, requested_shares
-from tasks.merge.scan import INDEX_BYTES_PER_ROW, ScanIndex, scan_inputs
+from tasks.merge.scan import INDEX_BYTES_PER_ROW, ORIGINS, ScanIndex, scan_inputs
 from tasks.merge.shards import ShardWriter
 from tasks.merge.shuffle import BucketStore, bucket_count, shuffled_rows
 from tasks.merge.sources import InputDir, fingerprint_inputs, resolve_sources
@@ -150,6 +150,7 @@ def _write_shards(staging: Path, buckets: BucketStore, split: np.ndarray, rows_p
                         "loss_mask": part.column("loss_mask"),
                         "num_tokens": part.column("num_tokens"),
                         "num_trained": part.column("num_trained"),
+                        "origin": part.column("origin"),
                     }
                 )
             )
@@ -227,6 +228,17 @@ def _manifest(merge, seed, sources, plans, index: ScanIndex, columns, split, sha
             "train_tokens": int(tokens[mine & (split == TRAIN)].sum()),
             "eval_tokens": int(tokens[mine & (split == EVAL)].sum()),
         }
+    by_origin = {}
+    for code, origin in enumerate(ORIGINS):
+        mine = columns["origin"] == code
+        if mine.any():
+            train, evals = mine & (split == TRAIN), mine & (split == EVAL)
+            by_origin[origin] = {
+                "train": int(train.sum()),
+                "eval": int(evals.sum()),
+                "train_tokens": int(tokens[train].sum()),
+                "eval_tokens": int(tokens[evals].sum()),
+            }
     selected = {p.name: p.selected for p in plans}
     requested, realised = requested_shares(plans), realised_shares(selected, plans)
     total = sum(selected.values())
@@ -245,6 +257,7 @@ def _manifest(merge, seed, sources, plans, index: ScanIndex, columns, split, sha
         },
         "expected": {"total_rows": total, "eval_rows": expected_eval},
         "counts": counts,
+        "by_origin": by_origin,
         "drops": drops,
         "mix": {
             p.name: {

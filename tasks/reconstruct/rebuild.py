@@ -105,6 +105,7 @@ def rows_table(turns: list[ChatTurn], rendered: list[RenderedTurn], rebuilt: lis
             "round_trip": [r.round_trip for r in rebuilt],
             "finish_reason": [t.finish_reason for t in turns],
             "prompt_text": [r.prompt_text for r in rendered],
+            "origin": [t.origin for t in turns],
         }
     )
     return conform("reconstructed", table)

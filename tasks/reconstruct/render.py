@@ -38,6 +38,7 @@ class ChatTurn:
     finish_reason: str | None
     template_kwargs: dict
     created: int | None = None  # unix seconds of the reply: templates that write today's date get that day
+    origin: str = "target"  # "dataset" for a dataset's own reply (source `replies: dataset`)
 
     @property
     def truncated(self) -> bool:
@@ -99,6 +100,7 @@ def parse_turn(row: dict) -> ChatTurn:
         finish_reason=row.get("finish_reason"),
         template_kwargs=_json_field(row, "template_kwargs", dict) or {},
         created=row.get("created"),
+        origin=row.get("origin") or "target",
     )
 
 

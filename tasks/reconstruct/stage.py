@@ -86,7 +86,9 @@ def gate_parameters(config: RunConfig) -> dict:
 def summarize(config: RunConfig, shards: list[Shard], markers: list[dict]) -> dict:
     """Finish the stage: quarantine collected, counts by method."""
     quarantine_path, quarantined = collect_quarantine(config, shards)
-    methods = read_table("reconstructed", stage_dir(config, "reconstruct"), columns=["method"]).column("method").to_pylist()
+    table = read_table("reconstructed", stage_dir(config, "reconstruct"), columns=["method", "origin"])
+    methods = table.column("method").to_pylist()
+    origins = [o or "target" for o in table.column("origin").to_pylist()]
     return {
         "reconstructed": str(stage_dir(config, "reconstruct")),
         "quarantine": str(quarantine_path),
@@ -95,6 +97,7 @@ def summarize(config: RunConfig, shards: list[Shard], markers: list[dict]) -> di
         "shards": len(shards),
         "shards_skipped": sum(m["skipped"] for m in markers),
         "methods": {m: methods.count(m) for m in sorted(set(methods))},
+        "by_origin": {o: origins.count(o) for o in sorted(set(origins))},
         "guided": sum_guided([m.get("guided") for m in markers]),
     }
 
@@ -109,7 +112,9 @@ def sum_guided(parts: list[dict | None]) -> dict | None:
 
 def summary_markdown(summary: dict) -> str:
     methods = ", ".join(f"{m}: {n}" for m, n in summary["methods"].items()) or "none"
-    text = f"# Reconstruct\n\n{summary['rows']} rows rebuilt ({methods}); {summary['quarantined']} quarantined.\n"
+    origins = ", ".join(f"{n} {o}" for o, n in summary.get("by_origin", {}).items())
+    text = f"# Reconstruct\n\n{summary['rows']} rows rebuilt ({methods}; origin {origins or 'none'}); "
+    text += f"{summary['quarantined']} quarantined.\n"
     if g := summary.get("guided"):
         text += (
             f"\nGuided: {g['changed']} of {g['rows']} text-only rows re-split ({g['edits']} edits, "

@@ -29,8 +29,18 @@ def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ") if text is not None else "-"
 
 
-def report_markdown(rates: pd.DataFrame, rows: pd.DataFrame, examples: int, guided: dict[str, dict] | None = None) -> str:
-    """Rates per source and mode, guided beside canonical where it ran, then the first examples of each mismatch."""
+ORIGIN_MARK = " (origin dataset)"
+
+
+def report_markdown(
+    rates: pd.DataFrame,
+    rows: pd.DataFrame,
+    examples: int,
+    guided: dict[str, dict] | None = None,
+    borrowed: set[str] = frozenset(),
+) -> str:
+    """Rates per source and mode, guided beside canonical where it ran, then the first examples of each mismatch.
+    Sources of a dataset's own replies (`borrowed`) are marked: they have no target tokens to verify."""
     lines = [
         "# Validation",
         "",
@@ -42,8 +52,9 @@ def report_markdown(rates: pd.DataFrame, rows: pd.DataFrame, examples: int, guid
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rates.itertuples(index=False):
+        source = r.source + (ORIGIN_MARK if r.source in borrowed else "")
         lines.append(
-            f"| {r.source} | {r.mode} | {r.rows} | {r.exact} | {r.bpe_only} | {r.semantic} | {r.unverified} "
+            f"| {source} | {r.mode} | {r.rows} | {r.exact} | {r.bpe_only} | {r.semantic} | {r.unverified} "
             f"| {r.bpe_only_rate:.2%} | {r.semantic_rate:.2%} |"
         )
     if guided:

@@ -138,7 +138,8 @@ def summarize(config: RunConfig, parts: list[Shard], markers: list[dict]) -> dic
     guided = guided_by_source([m.get("guided") for m in markers])
     report_path = stage_dir(config, "validate") / "report.md"
     with atomic_path(report_path) as tmp:
-        tmp.write_text(report_markdown(rates, rows, config.validation.examples, guided), encoding="utf-8")
+        text = report_markdown(rates, rows, config.validation.examples, guided, borrowed_sources(config))
+        tmp.write_text(text, encoding="utf-8")
     check = rates[rates["mode"] == "check"]
     return {
         "validation": str(stage_dir(config, "validate")),
@@ -149,19 +150,27 @@ def summarize(config: RunConfig, parts: list[Shard], markers: list[dict]) -> dic
     }
 
 
+def borrowed_sources(config: RunConfig) -> set[str]:
+    """Sources of a dataset's own replies (`replies: dataset`)."""
+    return {s.name for s in config.generate.sources if s.replies == "dataset"}
+
+
 def gate_frame(config: RunConfig) -> pd.DataFrame:
     """One row per source for the `validation` suite: check rates, simulate rates and the verified share.
 
     A text-only source has no check truth; its simulate rates (the rebuild error of its own format with the
-    configured text method, measured on its verified rows) and `verified_share` are what gate it.
+    configured text method, measured on its verified rows) and `verified_share` are what gate it. A source of a
+    dataset's own replies (`origin` dataset) has no target tokens to verify: the verified share is not asked of it.
     """
     rates = pd.read_parquet(stage_dir(config, "validate") / "rates.parquet")
     check = rates[rates["mode"] == "check"].set_index("source")
     text_mode = SIMULATE_GUIDED if guided_runs(config) else SIMULATE  # what text-only rows get
     simulate = rates[rates["mode"] == text_mode].set_index("source").reindex(check.index)
+    borrowed = borrowed_sources(config)
     frame = pd.DataFrame(
         {
             "source": check.index,
+            "origin": ["dataset" if name in borrowed else "target" for name in check.index],
             "rows": check["rows"].to_numpy(),
             "verified_share": (check["verified"] / check["rows"].where(check["rows"] > 0, 1)).to_numpy(dtype="float64"),
             "semantic_rate": check["semantic_rate"].to_numpy(),

