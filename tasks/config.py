@@ -310,13 +310,16 @@ class MergeSourceConfig(StrictModel):
         default_factory=lambda: ["exact", "bpe_only", "unverified"]
     )
     """Validation classes kept; "unverified" rows had no ground truth."""
+    split: Literal["mixed", "train", "eval"] = "mixed"
+    """mixed: `merge.eval_size` of its rows are held out; train: all of them train; eval: all of them are held out,
+    so a fixed held-out set stays the same while the training sources grow (learning curves, comparisons)."""
 
 
 class MergeConfig(StrictModel):
     sources: list[MergeSourceConfig] = Field(default_factory=list)
     """Empty means: every source in this run's reconstructed table, unweighted."""
     eval_size: float = Field(0.1, ge=0)
-    """Eval rows as a fraction (<1) or a count (>=1), stratified by source."""
+    """Eval rows as a fraction (<1) or a count (>=1), stratified by source, over the sources with split mixed."""
     rows_per_shard: int = Field(10_000, gt=0)
     """Rows per output Parquet shard."""
     memory_budget_mb: int = Field(1024, gt=0)

@@ -67,7 +67,10 @@ def plan_eval(sizes: list[int], eval_size: float) -> list[int]:
 
 def plan_mix(sources: list[MergeSourceConfig], available: list[int], eval_size: float) -> list[SourcePlan]:
     sizes = plan_sizes(sources, available)
-    evals = plan_eval(sizes, eval_size)
+    evals = [size if s.split == "eval" else 0 for s, size in zip(sources, sizes, strict=True)]
+    mixed = [i for i, s in enumerate(sources) if s.split == "mixed"]
+    for i, n in zip(mixed, plan_eval([sizes[i] for i in mixed], eval_size), strict=True):
+        evals[i] = n
     return [
         SourcePlan(s.name, s.weight, s.max_rows, n, size, e)
         for s, n, size, e in zip(sources, available, sizes, evals, strict=True)

@@ -20,6 +20,7 @@ TOPICS = {
     "chat": "Tell me about {}.",
     "code": "Write a Python function that {}.",
     "tool": "Call the weather tool for {}.",
+    "heldout": "Explain {} to a child.",
 }
 THINGS = ["rivers", "mountains", "owls", "bridges", "tea", "clocks", "glaciers", "violins", "maps", "salt"]
 
@@ -212,6 +213,32 @@ def test_split_is_stratified_by_source(tmp_path, demo_tokenizer):
     write_rows(counted.run_dir, rows)
     run_merge(counted)
     assert merged(counted).query("split == 'eval'")["source"].value_counts().to_dict() == {"chat": 5, "code": 2}
+
+
+def test_a_held_out_source_stays_the_eval_set_while_training_sources_grow(tmp_path, demo_tokenizer):
+    """split eval: every row of the source is held out, the same rows whatever the training budget; split train:
+    none of the source's rows is; eval_size applies to the mixed sources alone."""
+    evals = []
+    for budget in (20, 60):
+        rows = plain_sources(demo_tokenizer, {"chat": budget, "heldout": 8, "code": 20})
+        sources = [
+            MergeSourceConfig(name="chat", split="train"),
+            MergeSourceConfig(name="heldout", split="eval"),
+            MergeSourceConfig(name="code"),
+        ]
+        config = config_for(tmp_path, name=f"budget{budget}", eval_size=5, sources=sources)
+        write_rows(config.run_dir, rows)
+        run_merge(config)
+        gate_merged(config.run_dir / "merged", config.merge.share_tolerance)  # expected eval rows: held-out ones too
+        out = merged(config)
+        assert out.groupby(["source", "split"]).size().to_dict() == {
+            ("chat", "train"): budget,
+            ("code", "eval"): 5,
+            ("code", "train"): 15,
+            ("heldout", "eval"): 8,
+        }
+        evals.append(set(out.query("source == 'heldout'")["id"]))
+    assert evals[0] == evals[1]
 
 
 def shard_bytes(config: RunConfig) -> dict[str, bytes]:
