@@ -84,6 +84,7 @@ def export_stage(config: RunConfig) -> str:
     """Export the newest checkpoint to `draft/export/`."""
     import torch
 
+    from tasks.extract.plan import read_target_info
     from tasks.target.loader import load_tokenizer
 
     checkpoint = latest_checkpoint(stage_dir(config, "train") / "checkpoints")
@@ -91,12 +92,12 @@ def export_stage(config: RunConfig) -> str:
         raise FileNotFoundError(f"export: no checkpoint in {stage_dir(config, 'train') / 'checkpoints'}")
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     tokenizer = load_tokenizer(config.target)
-    meta = json.loads((stage_dir(config, "extract") / "meta.json").read_text(encoding="utf-8"))
+    info = read_target_info(config)  # from the target itself: an online run has no extract meta.json
     out = export_draft(
         state["model"],
         DraftConfig(**state["draft_config"]),
         state["aux_layer_ids"],
-        ExportTarget.from_meta(meta),
+        ExportTarget(info.num_hidden_layers, info.architecture),
         stage_dir(config, "train") / "export",
         engine=config.train.export_engine,
         dtype=config.train.export_dtype,

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,6 +103,10 @@ def test_online_reads_the_same_features(hidden_run, tmp_path, demo_model):
     (config.run_dir / "hidden_states").unlink(missing_ok=True)
     summary = train_draft(config, pieces_from_model(demo_model, keep_model=True))
     assert summary["step"] == 2 and summary["aux_layer_ids"] == [2, 15, 27]
+    from tasks.draft.stage import export_stage  # an online run has no extract stage: the export still finds the target
+
+    exported = json.loads((Path(export_stage(config)) / "config.json").read_text())
+    assert exported["architectures"] == ["LlamaForCausalLMEagle3"] and exported["num_hidden_layers"] == 1
 
 
 @pytest.mark.slow
