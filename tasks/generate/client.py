@@ -105,17 +105,11 @@ def server_timing(data: dict) -> tuple[float | None, float | None]:
     return queue, None if first is None or rest is None else first + rest
 
 
-def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, template_kwargs: dict | None = None) -> dict:
-    """Journal record of a reply, in the `generations` contract's fields (bytes as int lists)."""
-    choice = data["choices"][0]
-    message = choice.get("message") or {}
+def message_fields(prompt: dict, message: dict) -> dict:
+    """The prompt's and the assistant message's fields of a `generations` row."""
     reasoning, reasoning_kind = reply_reasoning(message)
-    usage = data.get("usage") or {}
-    logprobs = (choice.get("logprobs") or {}).get("content")
-    finish = choice.get("finish_reason")
-    queue_s, server_s = server_timing(data)
+    calls = message.get("tool_calls")
     return {
-        "status": "done",
         "id": prompt["id"],
         "source": prompt["source"],
         "messages": prompt["messages"],
@@ -123,7 +117,19 @@ def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, temp
         "reasoning": reasoning,
         "reasoning_kind": reasoning_kind,
         "content": message.get("content"),
-        "tool_calls": json.dumps(message["tool_calls"], ensure_ascii=False) if message.get("tool_calls") else None,
+        "tool_calls": json.dumps(calls, ensure_ascii=False) if calls else None,
+    }
+
+
+def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, template_kwargs: dict | None = None) -> dict:
+    """Journal record of a reply, in the `generations` contract's fields (bytes as int lists)."""
+    choice = data["choices"][0]
+    usage = data.get("usage") or {}
+    logprobs = (choice.get("logprobs") or {}).get("content")
+    finish = choice.get("finish_reason")
+    queue_s, server_s = server_timing(data)
+    return message_fields(prompt, choice.get("message") or {}) | {
+        "status": "done",
         "finish_reason": finish,
         "truncated": finish == "length",
         "prompt_tokens": usage.get("prompt_tokens"),
@@ -148,18 +154,8 @@ def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, temp
 def dataset_record(prompt: dict) -> dict:
     """A `generations` row from a dataset's own reply (source `replies: dataset`): no request, origin dataset."""
     message = prompt["reply"]
-    reasoning, reasoning_kind = reply_reasoning(message)
-    calls = message.get("tool_calls")
-    return {
-        "id": prompt["id"],
-        "source": prompt["source"],
-        "messages": prompt["messages"],
-        "tools": prompt["tools"],
-        "reasoning": reasoning,
-        "reasoning_kind": reasoning_kind,
-        "content": message.get("content"),
-        "tool_calls": json.dumps(calls, ensure_ascii=False) if calls else None,
-        "finish_reason": "tool_calls" if calls else "stop",
+    return message_fields(prompt, message) | {
+        "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
         "truncated": False,
         "provider": "dataset",
         "origin": "dataset",
