@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU build of torch; a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup assets demo test test-fast test-vllm reliability lint bench screenshots clean
+.PHONY: setup assets demo test test-fast test-vllm reliability lint bench bench-specforge screenshots clean
 
 setup: $(VENV)/.installed
 
@@ -46,6 +46,16 @@ $(VLLM_VENV)/.installed:
 # The vLLM integration suite (large; not part of `make test`).
 test-vllm: assets $(VLLM_VENV)/.installed
 	DRAFTSMITH_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -s tests/vllm
+
+# SpecForge 0.2.0's EAGLE-3 training code beside draftsmith's (bench/specforge.py). Installed without its
+# dependencies into a folder of its own: the project venv's torch and transformers serve the pieces used.
+SPECFORGE := .cache/specforge
+$(SPECFORGE)/.installed: $(VENV)/.installed
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(SPECFORGE) specforge==0.2.0
+	touch $@
+
+bench-specforge: assets $(SPECFORGE)/.installed
+	$(BIN)/python bench/specforge.py $(ARGS)
 
 reliability: assets
 	$(BIN)/python -m pytest -q -m reliability

