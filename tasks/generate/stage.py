@@ -26,6 +26,7 @@ from tasks.target.serve.embedded import embedded_server
 
 log = logging.getLogger(__name__)
 ROWS_PER_PART = 50_000
+OUTPUT_FIELDS = schema("generations").names  # every contract column, read once rather than per row
 
 
 class MissingApiKeyError(RuntimeError):
@@ -57,7 +58,7 @@ def endpoint(config: RunConfig, workdir: Path) -> Iterator[str]:
 
 def output_row(record: dict) -> dict:
     """A journal record as a `generations` row (logprob bytes: int lists -> bytes)."""
-    row = {k: record.get(k) for k in schema("generations").names}
+    row = {k: record.get(k) for k in OUTPUT_FIELDS}
     if row["logprob_tokens"]:
         row["logprob_tokens"] = [
             {"token": e["token"], "bytes": bytes(e["bytes"]) if e.get("bytes") is not None else None, "logprob": e["logprob"]}

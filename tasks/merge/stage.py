@@ -242,10 +242,10 @@ def _manifest(merge, seed, sources, plans, index: ScanIndex, columns, split, sha
     selected = {p.name: p.selected for p in plans}
     requested, realised = requested_shares(plans), realised_shares(selected, plans)
     total = sum(selected.values())
-    held_out = sum(p.eval_rows for s, p in zip(sources, plans, strict=True) if s.split == "eval")
-    mixed = sum(p.eval_rows for s, p in zip(sources, plans, strict=True) if s.split == "mixed")
-    has_mixed = any(s.split == "mixed" for s in sources)
-    expected_eval = held_out + (int(merge.eval_size) if merge.eval_size >= 1 and has_mixed else mixed)
+    pairs = list(zip(sources, plans, strict=True))
+    eval_rows = {split: [p.eval_rows for s, p in pairs if s.split == split] for split in ("eval", "mixed")}
+    mixed = int(merge.eval_size) if merge.eval_size >= 1 and eval_rows["mixed"] else sum(eval_rows["mixed"])
+    expected_eval = sum(eval_rows["eval"]) + mixed  # held-out sources whole, plus merge.eval_size of the mixed ones
     return {
         "draftsmith_version": tasks.__version__,
         "config": merge.model_dump(mode="json") | {"seed": seed},
