@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -109,6 +108,7 @@ def rows_for(pool: RunConfig, budget: int) -> tuple[int, int]:
 
 
 def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) -> dict:
+    from tasks.draft.data import plan_batches
     from tasks.draft.stage import run_train
     from tasks.draft.train import pieces_from_model
     from tasks.evaluate.stage import evaluate_draft
@@ -116,7 +116,7 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
     from tasks.merge.stage import run_merge
     from tasks.target.loader import load_model
 
-    rows, tokens = rows_for(pool, budget)
+    rows, _ = rows_for(pool, budget)
     reconstructed = str(stage_dir(pool, "reconstruct"))
     merge = {
         "sources": [
@@ -125,23 +125,30 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
             {"name": "heldout_code", "path": reconstructed, "split": "eval"},
         ]
     }
-    steps = max(10, math.ceil(max(budget, tokens) / demo.train.batch_tokens))  # one epoch, or the budget over the pool
-    config = RunConfig.model_validate(
-        demo.model_dump(mode="json")
-        | {
-            "name": f"budget-{budget}-{args.train_mode}",
-            "runs_dir": str(work),
-            "merge": demo.merge.model_dump(mode="json") | merge,
-            "train": demo.train.model_dump(mode="json")
-            | {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps},
-            "evaluate": demo.evaluate.model_dump(mode="json")
-            | {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.k}
-            | {"min_tau_gain": None, "min_acceptance_length": 0.0, "min_first_acceptance": 0.0},
-        }
-    )
-    run_merge(config)
-    manifest = json.loads((stage_dir(config, "merge") / "manifest.json").read_text())
+
+    def configured(steps: int) -> RunConfig:
+        return RunConfig.model_validate(
+            demo.model_dump(mode="json")
+            | {
+                "name": f"budget-{budget}-{args.train_mode}",
+                "runs_dir": str(work),
+                "merge": demo.merge.model_dump(mode="json") | merge,
+                "train": demo.train.model_dump(mode="json")
+                | {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps},
+                "evaluate": demo.evaluate.model_dump(mode="json")
+                | {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.k}
+                | {"min_tau_gain": None, "min_acceptance_length": 0.0, "min_first_acceptance": 0.0},
+            }
+        )
+
+    run_merge(configured(1))
+    merged = stage_dir(configured(1), "merge")
+    manifest = json.loads((merged / "manifest.json").read_text())
     rows, tokens = manifest["counts"]["train"]["train"], manifest["counts"]["train"]["train_tokens"]  # after merge's filters
+    lengths = read_table("merged", merged / "train", columns=["num_tokens"]).column("num_tokens")
+    per_epoch = len(plan_batches(lengths.to_pylist(), demo.train.batch_tokens, demo.compute.seed, 0))
+    epochs = max(args.epochs, budget / tokens)  # a budget beyond the pool: as many epochs over all of it
+    config = configured(max(10, round(epochs * per_epoch)))
     target = load_model(config.target, dtype="float32")
     started = time.perf_counter()
     if args.train_mode == "offline":
@@ -159,7 +166,7 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
         "rows": rows,
         "tokens": tokens,
         "steps": trained["step"],
-        "epochs": round(trained["step"] * demo.train.batch_tokens / tokens, 2),
+        "epochs": round(trained["step"] / per_epoch, 2),
         "extract_s": round(extract_s, 1),
         "train_s": round(train_s, 1),
         "train_tokens_per_s": trained["tokens_per_s"],
@@ -199,6 +206,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4, help="draft tokens per target forward")
     parser.add_argument("--guided", action="store_true", help="rebuild the pool with guided (the target's own splits)")
+    parser.add_argument("--epochs", type=float, default=1.0, help="epochs over each budget's rows")
     parser.add_argument("--train-mode", choices=["online", "offline"], default="online", help="offline: extract, then train")
     parser.add_argument("--vllm", action="store_true", help="also τ by vLLM ($DRAFTSMITH_VLLM_PYTHON, see make test-vllm)")
     parser.add_argument("--threads", type=int, default=None)

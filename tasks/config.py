@@ -379,6 +379,8 @@ class TrainConfig(StrictModel):
     """Weight of step i's loss is decay**i."""
     lr: float = Field(1e-4, gt=0)
     """Peak AdamW learning rate (EAGLE-3's 1e-4)."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (beta1, beta2): torch's defaults, as EAGLE-3 and SpecForge train (beta2 0.95 trails them a little)."""
     warmup_steps: int = Field(20, ge=0)
     """Linear warmup steps before the cosine decay."""
     max_steps: int = Field(200, gt=0)

@@ -177,7 +177,7 @@ def train_draft(
     draft_lm_head = lm_head_full[vocab.draft_to_target.to(device)]  # (N, H_t)
 
     params = [p for p in draft.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=tc.adam_betas, weight_decay=0.0)
     scheduler = get_cosine_schedule_with_warmup(optimizer, tc.warmup_steps, tc.max_steps)
     step, epoch, position = 0, 0, 0
     checkpoint = latest_checkpoint(out / "checkpoints")

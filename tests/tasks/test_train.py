@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tasks.config import RunConfig
-from tasks.draft.data import OfflineSource, OnlineSource
+from tasks.draft.data import OfflineSource, OnlineSource, plan_batches
 from tasks.draft.stage import gate_train, launch_torchrun, train_stage
 from tasks.draft.train import pieces_from_model, train_draft
 from tasks.gates import GateError
@@ -47,6 +47,19 @@ def config_for(run_dir, tmp_path, name, **train) -> RunConfig:
 def final_weights(config: RunConfig) -> dict:
     found = sorted((config.run_dir / "draft" / "checkpoints").glob("step-*.pt"))
     return torch.load(found[-1], weights_only=False)["model"]
+
+
+def test_epoch_batches_take_every_row_once_within_budget_and_little_padding():
+    rng = torch.Generator().manual_seed(0)
+    lengths = (torch.empty(2000).log_normal_(6.0, 0.6, generator=rng).clamp(20, 1000)).int().tolist()  # reply-like
+    epoch0 = plan_batches(lengths, 1024, seed=7, epoch=0)
+    assert epoch0 == plan_batches(lengths, 1024, seed=7, epoch=0)
+    assert epoch0 != plan_batches(lengths, 1024, seed=7, epoch=1)
+    assert sorted(i for batch in epoch0 for i in batch) == list(range(len(lengths)))
+    assert all(len(batch) == 1 or sum(lengths[i] for i in batch) <= 1024 for batch in epoch0)
+    padded = sum(len(batch) * max(lengths[i] for i in batch) for batch in epoch0)
+    unsorted = plan_batches(lengths, 1024, seed=7, epoch=0, window=1)  # packed in shuffled order only
+    assert padded < 1.1 * sum(lengths) < sum(len(b) * max(lengths[i] for i in b) for b in unsorted)
 
 
 def test_loss_falls_on_tiny_overfit(hidden_run, tmp_path, demo_model):
