@@ -134,7 +134,8 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
                 "runs_dir": str(work),
                 "merge": demo.merge.model_dump(mode="json") | merge,
                 "train": demo.train.model_dump(mode="json")
-                | {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps},
+                | {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps}
+                | {"adam_betas": [0.9, 0.999]},  # torch's, for runs of an epoch or more (see TrainConfig.adam_betas)
                 "evaluate": demo.evaluate.model_dump(mode="json")
                 | {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.k}
                 | {"min_tau_gain": None, "min_acceptance_length": 0.0, "min_first_acceptance": 0.0},
