@@ -142,8 +142,9 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
             }
         )
 
-    run_merge(configured(1))
-    merged = stage_dir(configured(1), "merge")
+    merging = configured(1)  # merge reads no train setting
+    run_merge(merging)
+    merged = stage_dir(merging, "merge")
     manifest = json.loads((merged / "manifest.json").read_text())
     rows, tokens = manifest["counts"]["train"]["train"], manifest["counts"]["train"]["train_tokens"]  # after merge's filters
     lengths = read_table("merged", merged / "train", columns=["num_tokens"]).column("num_tokens")
