@@ -71,14 +71,16 @@ class OnlineSource:
 
     @torch.no_grad()
     def features(self, indices: list[int]) -> list[dict]:
-        out = []
+        """One target forward over the rows, right-padded (causal attention: padding never reaches a real position)."""
         device = next(self.target.parameters()).device
-        for i in indices:
-            ids = torch.tensor([self.rows[i].input_ids], device=device)
-            states = self.target.model(input_ids=ids, output_hidden_states=True).hidden_states
-            aux = torch.cat([states[k][0] for k in self.aux_layer_ids], dim=-1).float().cpu()  # (T, 3*H_t)
-            out.append({"aux": aux, "final": states[-1][0].float().cpu()})  # final: after the last norm
-        return out
+        lengths = [len(self.rows[i].input_ids) for i in indices]
+        ids = torch.zeros(len(indices), max(lengths), dtype=torch.long, device=device)
+        for b, i in enumerate(indices):
+            ids[b, : lengths[b]] = torch.tensor(self.rows[i].input_ids, device=device)
+        states = self.target.model(input_ids=ids, output_hidden_states=True).hidden_states
+        aux = torch.cat([states[k] for k in self.aux_layer_ids], dim=-1).float().cpu()  # (B, T, 3*H_t)
+        final = states[-1].float().cpu()  # after the last norm
+        return [{"aux": aux[b, :n], "final": final[b, :n]} for b, n in enumerate(lengths)]
 
 
 def plan_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int, window: int = 64) -> list[list[int]]:

@@ -111,6 +111,14 @@ def test_online_reads_the_same_features(hidden_run, tmp_path, demo_model):
     a, b = offline.features([0])[0], online.features([0])[0]
     for key in ("aux", "final"):  # offline is stored in bf16
         torch.testing.assert_close(a[key], b[key], rtol=2e-2, atol=2e-2)
+    # One padded forward over rows of different lengths gives each row its own states, no padding attached.
+    rows = sorted(range(len(online.rows)), key=lambda i: len(online.rows[i].input_ids))[:: len(online.rows) // 3][:3]
+    assert len({len(online.rows[i].input_ids) for i in rows}) == 3
+    for i, together in zip(rows, online.features(rows), strict=True):
+        alone = online.features([i])[0]
+        assert together["aux"].shape == alone["aux"].shape == (len(online.rows[i].input_ids), 3 * 576)
+        for key in ("aux", "final"):
+            torch.testing.assert_close(together[key], alone[key], rtol=1e-4, atol=1e-4)
     config = config_for(hidden_run, tmp_path, "online", mode="online", max_steps=2)
     shutil.rmtree(config.run_dir / "hidden_states", ignore_errors=True)
     (config.run_dir / "hidden_states").unlink(missing_ok=True)
