@@ -33,7 +33,7 @@ from tasks.failpoints import failpoint
 from tasks.progress_log import ProgressLog
 from tasks.stages import stage_dir
 from tasks.storage import atomic_path
-from tasks.target.loader import shared_model
+from tasks.target.loader import model_placement, resolve_dtype, shared_model
 
 
 @dataclass
@@ -47,12 +47,14 @@ class TargetPieces:
 
 
 def load_target_pieces(config: RunConfig, keep_model: bool) -> TargetPieces:
-    return pieces_from_model(shared_model(config.target), keep_model)
+    """Online, the target runs in the compute dtype (as extract does); the embedding and lm_head are fp32 either way."""
+    placement = model_placement(config.compute) if keep_model else ()
+    return pieces_from_model(shared_model(config.target, *placement), keep_model)
 
 
 def pieces_from_model(model, keep_model: bool) -> TargetPieces:
-    embed = model.get_input_embeddings().weight.detach()
-    lm_head = model.get_output_embeddings().weight.detach()
+    embed = model.get_input_embeddings().weight.detach().float()
+    lm_head = model.get_output_embeddings().weight.detach().float()
     return TargetPieces(model.config, embed, lm_head, model if keep_model else None)
 
 
@@ -192,7 +194,7 @@ def train_draft(
     lengths = [len(r.input_ids) for r in source.rows]
     in_vocab_cache: dict[int, torch.Tensor] = {}
     stop = min(tc.max_steps, until_step or tc.max_steps)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=resolve_dtype(tc.dtype, device.type) == "bfloat16")
     # tokens_seen counts this process (for tokens/s); the metrics keep counting across resumes.
     started, tokens_seen = time.perf_counter(), 0
     tokens_before = records[-1]["tokens"] if records else 0
