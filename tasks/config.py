@@ -390,8 +390,9 @@ class TrainConfig(StrictModel):
     """Tokens per optimizer step (rows are packed up to this many)."""
     grad_clip: float = Field(0.5, gt=0)
     """Gradient norm clip (EAGLE-3's 0.5)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Training precision of the draft (autocast); the embedding stays the target's."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "float32"
+    """Training precision of the draft's matmuls (bf16 autocast, fp32 weights); auto = bf16 where the hardware
+    computes it natively (CUDA, AVX512-BF16/AMX CPUs), else fp32."""
     checkpoint_every: int = Field(50, gt=0)
     """Steps between checkpoints (resume restarts from the last)."""
     keep_checkpoints: int = Field(2, gt=0)
