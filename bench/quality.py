@@ -114,7 +114,7 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
     from tasks.evaluate.stage import evaluate_draft
     from tasks.extract.stage import EXTRACT
     from tasks.merge.stage import run_merge
-    from tasks.target.loader import load_model
+    from tasks.target.loader import load_model, model_placement
 
     rows, _ = rows_for(pool, budget)
     reconstructed = str(stage_dir(pool, "reconstruct"))
@@ -156,7 +156,11 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
     if args.train_mode == "offline":
         EXTRACT.run(config)
     extract_s = time.perf_counter() - started
-    trained = run_train(config, pieces_from_model(target, keep_model=args.train_mode == "online"))
+    if args.train_mode == "online":  # the target in the loop runs in the compute dtype, as extract does
+        pieces = pieces_from_model(load_model(config.target, *model_placement(config.compute)), keep_model=True)
+    else:
+        pieces = pieces_from_model(target, keep_model=False)
+    trained = run_train(config, pieces)
     train_s = time.perf_counter() - started - extract_s
     result = evaluate_draft(config, target)
     served = None

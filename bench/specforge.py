@@ -11,15 +11,15 @@ sys.path; the project venv's torch 2.13.0 (CPU) and transformers 5.24.0 serve it
 
 Both drafts start from the same weights (draftsmith's fresh draft, exported, then loaded into SpecForge's
 `LlamaForCausalLMEagle3` by its own `warm_start_draft_model`), with the same d2t/t2d, rows, batches (draftsmith's
-`plan_batches`), steps, TTT length, lr, warmup + cosine, grad clip, step decay (0.8) and fp32. SpecForge's side
-is its own offline EAGLE-3 path: rows through `normalize_offline_sample` and `DataCollatorWithPadding` into a
-`TrainBatch`; `TrainerCore(Eagle3TrainStrategy(OnlineEagle3Model(draft, length=ttt)), FSDPTrainingBackend)`
-with `BF16Optimizer`, `TargetHead` recomputing the teacher logits from the stored final states. Its weights
-are written as draftsmith's export (same config.json and dtype) and both τ come from draftsmith's loop at
-temperature 0 on the same held-out prompts. What still differs: AdamW betas (SpecForge: torch's 0.9/0.999;
-draftsmith: 0.9/0.95); the first warmup step's lr (SpecForge: lr/warmup, draftsmith: 0); SpecForge's loss is a
-mean over all B*T positions, draftsmith's over the trained ones; SpecForge masks position t by loss_mask[t],
-draftsmith by loss_mask[t+2] (the token drafted). tokens/s counts every token of every batch, both sides.
+`plan_batches`), steps, TTT length, lr, AdamW betas (0.9, 0.999), warmup + cosine, grad clip, step decay (0.8)
+and fp32. SpecForge's side is its own offline EAGLE-3 path: rows through `normalize_offline_sample` and
+`DataCollatorWithPadding` into a `TrainBatch`; `TrainerCore(Eagle3TrainStrategy(OnlineEagle3Model(draft,
+length=ttt)), FSDPTrainingBackend)` with `BF16Optimizer`, `TargetHead` recomputing the teacher logits from the
+stored final states. Its weights are written as draftsmith's export (same config.json and dtype) and both τ come
+from draftsmith's loop at temperature 0 on the same held-out prompts. What still differs: the first warmup step's
+lr (SpecForge: lr/warmup, draftsmith: 0); SpecForge's loss is a mean over all B*T positions, draftsmith's over the
+trained ones; SpecForge masks position t by loss_mask[t], draftsmith by loss_mask[t+2] (the token drafted).
+tokens/s counts every token of every batch, both sides.
 
 What SpecForge 0.2.0 needs on a CPU (paths under specforge/):
 - core/loss.py:10 `import triton`: ModuleNotFoundError, the CPU torch wheel has no triton, and
@@ -212,7 +212,14 @@ def main() -> None:
 
     demo = load_config(args.config)
     steps = args.steps or demo.train.max_steps
-    train = demo.train.model_copy(update={"max_steps": steps, "warmup_steps": min(demo.train.warmup_steps, steps // 2)})
+    train = demo.train.model_copy(
+        update={
+            "max_steps": steps,
+            "warmup_steps": min(demo.train.warmup_steps, steps // 2),
+            "adam_betas": (0.9, 0.999),  # SpecForge's BF16Optimizer: torch's AdamW defaults
+            "dtype": "float32",  # SpecForge's draft here is fp32 too
+        }
+    )
     name = f"bench-specforge-{args.rows}x{args.max_tokens}"
     base = demo.model_copy(update={"name": name, "runs_dir": Path("runs"), "train": train})
     prompts_n, max_new = args.prompts or demo.evaluate.num_prompts, args.max_new or demo.evaluate.max_new_tokens
