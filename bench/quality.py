@@ -2,15 +2,16 @@
 
     .venv/bin/python bench/quality.py                          # budgets of 50k, 200k and 1M target tokens
     .venv/bin/python bench/quality.py --budgets 50000 200000   # a shorter curve
+    .venv/bin/python bench/quality.py --train-mode offline --epochs 2   # extract once, two epochs per budget
     bench/quality_gpu.sh                                       # 1M and 10M on a CUDA machine
 
 Data: ShareGPT conversations with their own replies (`replies: dataset`), rebuilt once with the demo target's
 tokenizer into a pool; each budget merges the first rows of the pool (nested: a smaller budget's rows are a
-subset of a larger one's) up to that many tokens and trains one epoch over them; a budget beyond the pool
-(~1.47M tokens) trains several epochs over all of it. Training is online by default (the target runs inside
-the training loop: cheaper than extract + offline on CPU when each token is seen once); `--train-mode offline`
-extracts first. Held out: chat and code conversations from a disjoint slice of ShareGPT (`split: eval`), the
-same prompts for every budget.
+subset of a larger one's) up to that many tokens and trains `--epochs` (default one) over them; a budget beyond
+the pool (~1.47M tokens) trains several epochs over all of it. Training is online by default (the target runs
+inside the training loop, nothing on disk); `--train-mode offline` extracts first, so the target runs once per
+token however many epochs train. Held out: chat and code conversations from a disjoint slice of ShareGPT
+(`split: eval`), the same prompts for every budget.
 
 Each budget prints τ (pooled over prompts, temperature 0), per-position acceptance, train tokens/s and greedy vs
 speculative tokens/s of draftsmith's evaluate, and with `--vllm` τ by vLLM on the same export and prompts; one
@@ -194,7 +195,7 @@ def plot(results: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([r["tokens"] for r in results], [r["tau"] for r in results], marker="o")
     ax.set_xscale("log")
-    ax.set_xlabel("target tokens trained on (one epoch)")
+    ax.set_xlabel(f"distinct target tokens trained on ({results[-1]['epochs']:g} epochs)")
     ax.set_ylabel(f"τ at k={len(results[0]['per_position'])}")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
