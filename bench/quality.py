@@ -136,7 +136,7 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
                 "merge": demo.merge.model_dump(mode="json") | merge,
                 "train": demo.train.model_dump(mode="json")
                 | {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps}
-                | {"adam_betas": [0.9, 0.999]},  # torch's, for runs of an epoch or more (see TrainConfig.adam_betas)
+                | {"adam_betas": [0.9, 0.999], "dtype": "auto"},  # torch's betas, for an epoch or more; bf16 where native
                 "evaluate": demo.evaluate.model_dump(mode="json")
                 | {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.k}
                 | {"min_tau_gain": None, "min_acceptance_length": 0.0, "min_first_acceptance": 0.0},
