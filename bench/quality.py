@@ -111,11 +111,11 @@ def rows_for(pool: RunConfig, budget: int) -> tuple[int, int]:
 def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) -> dict:
     from tasks.draft.data import plan_batches
     from tasks.draft.stage import run_train
-    from tasks.draft.train import pieces_from_model
+    from tasks.draft.train import load_target_pieces, pieces_from_model
     from tasks.evaluate.stage import evaluate_draft
     from tasks.extract.stage import EXTRACT
     from tasks.merge.stage import run_merge
-    from tasks.target.loader import load_model, model_placement
+    from tasks.target.loader import load_model
 
     rows, _ = rows_for(pool, budget)
     reconstructed = str(stage_dir(pool, "reconstruct"))
@@ -157,11 +157,8 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
     if args.train_mode == "offline":
         EXTRACT.run(config)
     extract_s = time.perf_counter() - started
-    if args.train_mode == "online":  # the target in the loop runs in the compute dtype, as extract does
-        pieces = pieces_from_model(load_model(config.target, *model_placement(config.compute)), keep_model=True)
-    else:
-        pieces = pieces_from_model(target, keep_model=False)
-    trained = run_train(config, pieces)
+    online = args.train_mode == "online"  # the target in the loop runs in the compute dtype, as extract does
+    trained = run_train(config, load_target_pieces(config, keep_model=True) if online else pieces_from_model(target, False))
     train_s = time.perf_counter() - started - extract_s
     result = evaluate_draft(config, target)
     served = None

@@ -104,6 +104,19 @@ def test_resume_equals_uninterrupted(hidden_run, tmp_path, demo_model):
     assert train_draft(interrupted, pieces)["tokens_per_s"] is None
 
 
+def test_auto_dtype_trains_as_the_hardware_resolves_it(hidden_run, tmp_path, demo_model):
+    from tasks.target.loader import resolve_dtype
+
+    pieces = pieces_from_model(demo_model, keep_model=False)
+    weights = {}
+    for dtype in ("float32", "bfloat16", "auto"):
+        config = config_for(hidden_run, tmp_path, f"dtype-{dtype}", dtype=dtype, max_steps=2, checkpoint_every=2)
+        train_draft(config, pieces)
+        weights[dtype] = final_weights(config)["fc.weight"]
+    assert not torch.equal(weights["float32"], weights["bfloat16"])  # bf16 matmuls change the update
+    torch.testing.assert_close(weights["auto"], weights[resolve_dtype("auto")], rtol=0, atol=0)
+
+
 def test_online_reads_the_same_features(hidden_run, tmp_path, demo_model):
     offline = OfflineSource(hidden_run, "train")
     online = OnlineSource(hidden_run, demo_model, AUX_LAYER_IDS, "train")
