@@ -38,7 +38,11 @@ def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
 
 @torch.no_grad()
 def target_in_vocab(final: torch.Tensor, lm_head: torch.Tensor, t2d: torch.Tensor, chunk: int = 512) -> torch.Tensor:
-    """Whether the target's full-vocab argmax is a draft token. final (T, H_t), lm_head (V, H_t) -> (T,) bool."""
+    """Whether the target's full-vocab argmax is a draft token. final (T, H_t), lm_head (V, H_t) -> (T,) bool.
+
+    The logits are computed in lm_head's dtype (bf16 where the target computes in bf16, as it does serving).
+    """
+    final = final.to(lm_head.dtype)
     tops = [(final[s : s + chunk] @ lm_head.T).argmax(-1) for s in range(0, final.shape[0], chunk)]
     return t2d[torch.cat(tops)] if tops else torch.zeros(0, dtype=torch.bool, device=final.device)
 
