@@ -14,8 +14,9 @@ token however many epochs train. Held out: chat and code conversations from a di
 (`split: eval`), the same prompts for every budget.
 
 Each budget prints τ (pooled over prompts, temperature 0), per-position acceptance, train tokens/s and greedy vs
-speculative tokens/s of draftsmith's evaluate, and with `--vllm` τ by vLLM on the same export and prompts; one
-table and one plot (runs/bench-quality/curve.png).
+speculative tokens/s of draftsmith's evaluate, and with `--vllm` τ by vLLM on the same export and prompts (or, with
+`--vllm-only` and the flags of the run that trained them, for the budgets already trained); one table and one plot
+(runs/bench-quality/curve.png).
 """
 
 from __future__ import annotations
@@ -108,15 +109,8 @@ def rows_for(pool: RunConfig, budget: int) -> tuple[int, int]:
     return rows, int(tokens[rows - 1])
 
 
-def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) -> dict:
-    from tasks.draft.data import plan_batches
-    from tasks.draft.stage import run_train
-    from tasks.draft.train import load_target_pieces, pieces_from_model
-    from tasks.evaluate.stage import evaluate_draft
-    from tasks.extract.stage import EXTRACT
-    from tasks.merge.stage import run_merge
-    from tasks.target.loader import load_model
-
+def budget_config(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args, steps: int) -> RunConfig:
+    """The run that trains `steps` on the budget's rows: merge, extract and train settings, evaluation without a gate."""
     rows, _ = rows_for(pool, budget)
     reconstructed = str(stage_dir(pool, "reconstruct"))
     merge = {
@@ -126,24 +120,41 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
             {"name": "heldout_code", "path": reconstructed, "split": "eval"},
         ]
     }
+    return RunConfig.model_validate(
+        demo.model_dump(mode="json")
+        | {
+            "name": f"budget-{budget}-{args.train_mode}",
+            "runs_dir": str(work),
+            "merge": demo.merge.model_dump(mode="json") | merge,
+            "train": demo.train.model_dump(mode="json")
+            | {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps}
+            | {"adam_betas": [0.9, 0.999], "dtype": "auto"},  # torch's betas, for an epoch or more; bf16 where native
+            "evaluate": demo.evaluate.model_dump(mode="json")
+            | {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.k}
+            | {"min_tau_gain": None, "min_acceptance_length": 0.0, "min_first_acceptance": 0.0},
+        }
+    )
 
-    def configured(steps: int) -> RunConfig:
-        return RunConfig.model_validate(
-            demo.model_dump(mode="json")
-            | {
-                "name": f"budget-{budget}-{args.train_mode}",
-                "runs_dir": str(work),
-                "merge": demo.merge.model_dump(mode="json") | merge,
-                "train": demo.train.model_dump(mode="json")
-                | {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps}
-                | {"adam_betas": [0.9, 0.999], "dtype": "auto"},  # torch's betas, for an epoch or more; bf16 where native
-                "evaluate": demo.evaluate.model_dump(mode="json")
-                | {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.k}
-                | {"min_tau_gain": None, "min_acceptance_length": 0.0, "min_first_acceptance": 0.0},
-            }
-        )
 
-    merging = configured(1)  # merge reads no train setting
+def tau_by_vllm(config: RunConfig) -> float:
+    """The same export and prompts through vLLM's own speculative decoding (the venv `make test-vllm` builds)."""
+    from tasks.evaluate.stage import evaluate_draft
+
+    return evaluate_draft(config.model_copy(update={"evaluate": config.evaluate.model_copy(update={"engine": "vllm"})}))[
+        "acceptance_length"
+    ]
+
+
+def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) -> dict:
+    from tasks.draft.data import plan_batches
+    from tasks.draft.stage import run_train
+    from tasks.draft.train import load_target_pieces, pieces_from_model
+    from tasks.evaluate.stage import evaluate_draft
+    from tasks.extract.stage import EXTRACT
+    from tasks.merge.stage import run_merge
+    from tasks.target.loader import load_model
+
+    merging = budget_config(demo, pool, work, budget, args, 1)  # merge reads no train setting
     run_merge(merging)
     merged = stage_dir(merging, "merge")
     manifest = json.loads((merged / "manifest.json").read_text())
@@ -151,7 +162,7 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
     lengths = read_table("merged", merged / "train", columns=["num_tokens"]).column("num_tokens")
     per_epoch = len(plan_batches(lengths.to_pylist(), demo.train.batch_tokens, demo.compute.seed, 0))
     epochs = max(args.epochs, budget / tokens)  # a budget beyond the pool: as many epochs over all of it
-    config = configured(max(10, round(epochs * per_epoch)))
+    config = budget_config(demo, pool, work, budget, args, max(10, round(epochs * per_epoch)))
     target = load_model(config.target, dtype="float32")
     started = time.perf_counter()
     if args.train_mode == "offline":
@@ -161,10 +172,6 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
     trained = run_train(config, load_target_pieces(config, keep_model=True) if online else pieces_from_model(target, False))
     train_s = time.perf_counter() - started - extract_s
     result = evaluate_draft(config, target)
-    served = None
-    if args.vllm:  # the same export and prompts through vLLM's own spec decoding (the venv `make test-vllm` builds)
-        vllm = config.evaluate.model_copy(update={"engine": "vllm"})
-        served = evaluate_draft(config.model_copy(update={"evaluate": vllm}))
     return {
         "budget": budget,
         "rows": rows,
@@ -175,7 +182,7 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
         "train_s": round(train_s, 1),
         "train_tokens_per_s": trained["tokens_per_s"],
         "tau": result["acceptance_length"],
-        "tau_vllm": served and served["acceptance_length"],
+        "tau_vllm": tau_by_vllm(config) if args.vllm else None,
         "per_position": result["per_position_acceptance"],
         "greedy_tokens_per_s": result["greedy_tokens_per_s"],
         "speculative_tokens_per_s": result["speculative_tokens_per_s"],
@@ -213,6 +220,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=1.0, help="epochs over each budget's rows")
     parser.add_argument("--train-mode", choices=["online", "offline"], default="online", help="offline: extract, then train")
     parser.add_argument("--vllm", action="store_true", help="also τ by vLLM ($DRAFTSMITH_VLLM_PYTHON, see make test-vllm)")
+    parser.add_argument("--vllm-only", action="store_true", help="only τ by vLLM, for the budgets in the last results.json")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     if args.threads:
@@ -224,10 +232,16 @@ def main() -> None:
     if pool_rows > HELD_OUT_OFFSET:
         raise SystemExit(f"--pool-rows {pool_rows} would reach the held-out rows (from {HELD_OUT_OFFSET})")
     pool = build_pool(demo, work, pool_rows, args.held_out, args.guided)
-    results = []
-    for budget in sorted(args.budgets):
-        results.append(run_budget(demo, pool, work, budget, args))
+    if args.vllm_only:  # the same flags as the run that trained them, so each budget's run resolves to its folder
+        results = json.loads((work / "results.json").read_text())
+        for r in results:
+            r["tau_vllm"] = tau_by_vllm(budget_config(demo, pool, work, r["budget"], args, r["steps"]))
         (work / "results.json").write_text(json.dumps(results, indent=2))
+    else:
+        results = []
+        for budget in sorted(args.budgets):
+            results.append(run_budget(demo, pool, work, budget, args))
+            (work / "results.json").write_text(json.dumps(results, indent=2))
     plot(results, work / "curve.png")
     print(f"\n{results[0]['prompts']} held-out prompts (chat and code), temperature 0, k={args.k}, {args.new_tokens} new tokens")
     print(
