@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/quality.py                          # budgets of 50k, 200k and 1M target tokens
     .venv/bin/python bench/quality.py --budgets 50000 200000   # a shorter curve
-    .venv/bin/python bench/quality.py --train-mode offline --epochs 2   # extract once, two epochs per budget
+    .venv/bin/python bench/quality.py --train-mode offline --epochs 3   # extract once, three epochs per budget (README's curve)
     bench/quality_gpu.sh                                       # 1M and 10M on a CUDA machine
 
 Data: ShareGPT conversations with their own replies (`replies: dataset`), rebuilt once with the demo target's
