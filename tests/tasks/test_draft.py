@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from tasks.draft.export import ExportTarget, export_draft, load_export, read_export_config
 from tasks.draft.model import Eagle3Draft
-from tasks.draft.ttt import unroll
+from tasks.draft.ttt import target_in_vocab, unroll
 from tasks.draft.vocab import build_draft_vocab, count_trained_tokens
 from tests.support.draft import tiny_config, tiny_draft
 
@@ -124,6 +124,21 @@ def test_ttt_matches_hand_computation(steps):
     assert scores[0].count > 0
     loss.backward()
     assert draft.fc.weight.grad.abs().sum() > 0 and draft.embed_tokens.weight.grad is None
+
+
+def test_draftable_check_computes_in_the_heads_dtype():
+    """fp32 states against a bf16 head (training in bf16): the logits are bf16, the answer is the fp32 one where the
+    winner is clear, and a row shorter than a chunk and an empty row both work."""
+    torch.manual_seed(0)
+    head = torch.randn(300, 16)
+    t2d = torch.zeros(300, dtype=torch.bool)
+    t2d[::3] = True
+    winners = torch.tensor([0, 1, 3, 299, 150, 7, 9])
+    final = 4 * head[winners] / head[winners].norm(dim=-1, keepdim=True) ** 2 * head.norm(dim=-1).max()  # clear winners
+    expected = t2d[(final @ head.T).argmax(-1)]
+    assert expected.tolist() == t2d[winners].tolist()
+    assert target_in_vocab(final, head.bfloat16(), t2d, chunk=4).tolist() == expected.tolist()
+    assert target_in_vocab(final[:0], head.bfloat16(), t2d).shape == (0,)
 
 
 def test_export_names_shapes_dtypes_and_reload(tmp_path):
