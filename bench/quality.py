@@ -137,12 +137,12 @@ def budget_config(demo: RunConfig, pool: RunConfig, work: Path, budget: int, arg
 
 
 def tau_by_vllm(config: RunConfig) -> float:
-    """The same export and prompts through vLLM's own speculative decoding (the venv `make test-vllm` builds)."""
+    """The same export and prompts through vLLM's own speculative decoding (the venv `make test-vllm` builds),
+    reported beside draftsmith's in `eval-vllm/`."""
     from tasks.evaluate.stage import evaluate_draft
 
-    return evaluate_draft(config.model_copy(update={"evaluate": config.evaluate.model_copy(update={"engine": "vllm"})}))[
-        "acceptance_length"
-    ]
+    vllm = config.model_copy(update={"evaluate": config.evaluate.model_copy(update={"engine": "vllm"})})
+    return evaluate_draft(vllm, out=stage_dir(config, "evaluate").with_name("eval-vllm"))["acceptance_length"]
 
 
 def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) -> dict:

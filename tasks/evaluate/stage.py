@@ -86,14 +86,14 @@ def decode_with_transformers(config: RunConfig, prompts: list[dict], target, exp
     return plain, spec, untrained
 
 
-def decode_with_vllm(config: RunConfig, prompts: list[dict], export_dir: Path, eos_ids: set[int]) -> Decoded:
+def decode_with_vllm(config: RunConfig, prompts: list[dict], export_dir: Path, eos_ids: set[int], out: Path) -> Decoded:
     """vLLM servers without a draft, with the export and (when the gate compares them) with the untrained draft,
     exported as the trained one is (evaluate/untrained-export)."""
     from tasks.draft.export import export_like
     from tasks.draft.train import load_target_pieces
     from tasks.evaluate.vllm_engine import decode_served, speculative_options
 
-    out, k = stage_dir(config, "evaluate"), config.evaluate.num_draft_tokens
+    k = config.evaluate.num_draft_tokens
     ids = [p["prompt_ids"] for p in prompts]
     plain = decode_served(config, out / "vllm-greedy.log", [], ids, eos_ids)
     spec = decode_served(config, out / "vllm-draft.log", speculative_options(export_dir, k), ids, eos_ids)
@@ -192,17 +192,17 @@ def tau_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = None) -> dict:
-    """Decode the held-out prompts both ways and write `eval/results.json` and `eval/acceptance.png`."""
+def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = None, out: Path | None = None) -> dict:
+    """Decode the held-out prompts both ways and write `results.json` and `acceptance.png` to `out` (the run's `eval/`)."""
     export_dir = Path(export_dir or stage_dir(config, "train") / "export")
     prompts, dropped = held_out_prompts(config)
-    out = stage_dir(config, "evaluate")
+    out = Path(out or stage_dir(config, "evaluate"))
     write_table("quarantine", dropped, out / "quarantine.parquet")
     if not prompts:
         raise ValueError(f"evaluate: no held-out prompts in {config.run_dir / 'merged' / 'eval'}")
     eos_ids = stop_ids(config)
     if config.evaluate.engine == "vllm":
-        decoded = decode_with_vllm(config, prompts, export_dir, eos_ids)
+        decoded = decode_with_vllm(config, prompts, export_dir, eos_ids, out)
     else:
         from tasks.target.loader import pick_device, shared_model
 
