@@ -128,7 +128,7 @@ def test_ttt_matches_hand_computation(steps):
 
 def test_draftable_check_computes_in_the_heads_dtype():
     """fp32 states against a bf16 head (training in bf16): the logits are bf16, the answer is the fp32 one where the
-    winner is clear, and a row shorter than a chunk and an empty row both work."""
+    winner is clear, and a row longer than a chunk (ragged last chunk) and an empty row both work."""
     torch.manual_seed(0)
     head = torch.randn(300, 16)
     t2d = torch.zeros(300, dtype=torch.bool)
