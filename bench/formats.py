@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tasks  # noqa: E402,F401  (offline defaults)
 from tasks.config import ReconstructConfig, TargetConfig  # noqa: E402
 from tasks.reconstruct.rebuild import rebuild_rows  # noqa: E402
-from tasks.target.assets import DEEPSEEK_TOKENIZER  # noqa: E402
-from tasks.target.chat import chat_format_of, resolve_end_of_turn  # noqa: E402
-from tasks.target.loader import load_tokenizer  # noqa: E402
+from tasks.target_model.assets import DEEPSEEK_TOKENIZER  # noqa: E402
+from tasks.target_model.chat import chat_format_of, resolve_end_of_turn  # noqa: E402
+from tasks.target_model.loader import load_tokenizer  # noqa: E402
 from tasks.validate.simulate import played_row, simulate_rows  # noqa: E402
 from tests.support.families import FAMILIES, family_tokenizer  # noqa: E402
 from tests.support.family_rows import family_rows  # noqa: E402

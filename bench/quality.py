@@ -152,7 +152,7 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
     from tasks.evaluate.stage import evaluate_draft
     from tasks.extract.stage import EXTRACT
     from tasks.merge.stage import run_merge
-    from tasks.target.loader import load_model
+    from tasks.target_model.loader import load_model
 
     merging = budget_config(demo, pool, work, budget, args, 1)  # merge reads no train setting
     run_merge(merging)

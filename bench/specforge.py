@@ -71,7 +71,7 @@ from tasks.draft.train import pieces_from_model  # noqa: E402
 from tasks.draft.ttt import shift_left  # noqa: E402
 from tasks.evaluate.speculative import greedy_decode  # noqa: E402
 from tasks.evaluate.stage import held_out_prompts, stop_ids  # noqa: E402
-from tasks.target.loader import load_model, model_dir  # noqa: E402
+from tasks.target_model.loader import load_model, model_dir  # noqa: E402
 
 
 def import_specforge():

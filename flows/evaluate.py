@@ -6,7 +6,7 @@ from tasks.config import RunConfig
 from tasks.evaluate.stage import evaluate_task, gate_eval_task, stage_summary
 from tasks.run_lock import holds_run_lock
 from tasks.stages import run_name
-from tasks.target.preflight import stage_preflight
+from tasks.target_model.preflight import stage_preflight
 
 
 @flow(name="evaluate", flow_run_name=run_name("evaluate"), log_prints=True)

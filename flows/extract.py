@@ -10,7 +10,7 @@ from tasks.extract.checks import gate_task
 from tasks.extract.stage import TASKS
 from tasks.run_lock import holds_run_lock
 from tasks.stages import run_name
-from tasks.target.preflight import stage_preflight
+from tasks.target_model.preflight import stage_preflight
 
 
 @flow(name="extract", flow_run_name=run_name("extract"))

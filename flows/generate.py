@@ -10,7 +10,7 @@ from tasks.generate.gate import gate_generations_task
 from tasks.generate.stage import generate_task
 from tasks.run_lock import holds_run_lock
 from tasks.stages import run_name
-from tasks.target.preflight import stage_preflight
+from tasks.target_model.preflight import stage_preflight
 
 
 @flow(name="generate", flow_run_name=run_name("generate"))

@@ -14,7 +14,7 @@ from tasks.run_report import UP_TO_DATE, run_artifacts, run_report_markdown
 from tasks.runners import build_task_runner
 from tasks.stage_record import current_summary, save_record
 from tasks.stages import STAGE_NAMES, StageName, run_name, stage_flow
-from tasks.target.preflight import preflight_task
+from tasks.target_model.preflight import preflight_task
 
 
 def call_stage_flow(subflow, config: RunConfig, force: bool) -> dict:

@@ -4,7 +4,7 @@ from prefect import flow
 
 from tasks.config import RunConfig
 from tasks.stages import run_name
-from tasks.target.preflight import preflight_task
+from tasks.target_model.preflight import preflight_task
 
 
 @flow(name="preflight", flow_run_name=run_name("preflight"), log_prints=True)

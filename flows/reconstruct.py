@@ -9,7 +9,7 @@ from tasks.config import RunConfig
 from tasks.reconstruct.stage import TASKS, gate_task
 from tasks.run_lock import holds_run_lock
 from tasks.stages import run_name
-from tasks.target.preflight import stage_preflight
+from tasks.target_model.preflight import stage_preflight
 
 
 @flow(name="reconstruct", flow_run_name=run_name("reconstruct"))

@@ -6,7 +6,7 @@ from tasks.config import RunConfig
 from tasks.draft.stage import export_task, gate_train_task, stage_summary, train_task
 from tasks.run_lock import holds_run_lock
 from tasks.stages import run_name
-from tasks.target.preflight import stage_preflight
+from tasks.target_model.preflight import stage_preflight
 
 
 @flow(name="train", flow_run_name=run_name("train"), log_prints=True)

@@ -8,7 +8,7 @@ import tasks  # noqa: F401  (offline defaults before Prefect is imported)
 from tasks.config import RunConfig
 from tasks.run_lock import holds_run_lock
 from tasks.stages import run_name
-from tasks.target.preflight import stage_preflight
+from tasks.target_model.preflight import stage_preflight
 from tasks.validate.stage import TASKS, gate_task
 
 

@@ -40,7 +40,7 @@ class VllmServer:
 
     def __init__(self, config: RunConfig, log: Path, options: list[str], max_model_len: int):
         from tasks.extract.transformers_backend import resolve_dtype
-        from tasks.target.loader import model_dir, pick_device
+        from tasks.target_model.loader import model_dir, pick_device
 
         self.config, self.log, self.port = config, Path(log), free_port()
         self.url = f"http://127.0.0.1:{self.port}"

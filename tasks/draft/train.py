@@ -33,7 +33,7 @@ from tasks.failpoints import failpoint
 from tasks.progress_log import ProgressLog
 from tasks.stages import stage_dir
 from tasks.storage import atomic_path
-from tasks.target.loader import model_placement, resolve_dtype, shared_model
+from tasks.target_model.loader import model_placement, resolve_dtype, shared_model
 
 
 @dataclass
@@ -271,7 +271,7 @@ def train_draft(
 
 
 def _device(name: str, rank: int) -> torch.device:
-    from tasks.target.loader import pick_device
+    from tasks.target_model.loader import pick_device
 
     picked = pick_device(name)
     return torch.device(f"cuda:{rank}" if picked == "cuda" else picked)

@@ -46,8 +46,8 @@ def held_out_prompts(config: RunConfig) -> tuple[list[dict], list[dict]]:
 
 def stop_ids(config: RunConfig) -> set[int]:
     """Ids that end a reply: the target's end-of-turn tokens (from its chat format) and eos."""
-    from tasks.target.chat import resolve_end_of_turn
-    from tasks.target.loader import load_tokenizer
+    from tasks.target_model.chat import resolve_end_of_turn
+    from tasks.target_model.loader import load_tokenizer
 
     tokenizer = load_tokenizer(config.target)
     ids = set(resolve_end_of_turn(tokenizer, config.target).ids)
@@ -204,7 +204,7 @@ def evaluate_draft(config: RunConfig, target=None, export_dir: Path | None = Non
     if config.evaluate.engine == "vllm":
         decoded = decode_with_vllm(config, prompts, export_dir, eos_ids, out)
     else:
-        from tasks.target.loader import pick_device, shared_model
+        from tasks.target_model.loader import pick_device, shared_model
 
         target = target if target is not None else shared_model(config.target).to(pick_device(config.compute.device))
         decoded = decode_with_transformers(config, prompts, target, export_dir, eos_ids)

@@ -17,7 +17,7 @@ from tasks.extract.transformers_backend import resolve_dtype
 from tasks.sharded import Shard
 from tasks.stages import stage_dir
 from tasks.storage import read_table, write_table
-from tasks.target.loader import model_dir, pick_device
+from tasks.target_model.loader import model_dir, pick_device
 
 STAGE = "extract"
 FORMAT_VERSION = 1  # bump when the bytes written for the same input change

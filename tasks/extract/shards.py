@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from tasks.extract.backend import RowStates
 from tasks.storage import atomic_path
-from tasks.target.assets import sha256_of
+from tasks.target_model.assets import sha256_of
 
 
 def shard_name(number: int) -> str:

@@ -21,7 +21,7 @@ from tasks.extract.transformers_backend import load_transformers_backend, resolv
 from tasks.sharded import Shard, ShardedStage
 from tasks.stages import stage_dir
 from tasks.storage import read_table, write_bytes_atomic, write_table
-from tasks.target.loader import pick_device
+from tasks.target_model.loader import pick_device
 
 _backends: dict[str, HiddenStateBackend] = {}
 _backend_lock = threading.Lock()

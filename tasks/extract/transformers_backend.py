@@ -8,7 +8,7 @@ import torch
 
 from tasks.config import ComputeConfig, ExtractConfig, TargetConfig
 from tasks.extract.backend import RowStates, TargetInfo, check_aux_layer_ids, default_aux_layer_ids
-from tasks.target.loader import load_model, pick_device, resolve_dtype
+from tasks.target_model.loader import load_model, pick_device, resolve_dtype
 
 STORAGE_DTYPE = torch.bfloat16
 

@@ -22,7 +22,7 @@ from tasks.extract.backend import RowStates
 from tasks.extract.plan import aux_layer_ids, read_target_info
 from tasks.extract.transformers_backend import STORAGE_DTYPE
 from tasks.stages import stage_dir
-from tasks.target.loader import model_dir
+from tasks.target_model.loader import model_dir
 from tasks.vllm_server import VllmServer
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from tasks.config import SourceConfig
 from tasks.contracts import RowError, quarantine_row
-from tasks.target.assets import resolve_path
+from tasks.target_model.assets import resolve_path
 
 log = logging.getLogger(__name__)
 

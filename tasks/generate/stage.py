@@ -22,7 +22,7 @@ from tasks.generate.sources import STAGE, load_sources
 from tasks.generate.summary import publish_summary, summarize, write_summary
 from tasks.stages import stage_dir
 from tasks.storage import write_table
-from tasks.target.serve.embedded import embedded_server
+from tasks.target_model.serve.embedded import embedded_server
 
 log = logging.getLogger(__name__)
 ROWS_PER_PART = 50_000

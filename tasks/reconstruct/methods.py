@@ -8,7 +8,7 @@ from os.path import commonprefix
 import numpy as np
 
 from tasks.reconstruct.render import ChatTurn, RenderedTurn, RowError
-from tasks.target.tokens import ByteVocab, EndOfTurn, codec
+from tasks.target_model.tokens import ByteVocab, EndOfTurn, codec
 
 
 @dataclass

@@ -14,9 +14,9 @@ from tasks.contracts import MASK, TOKEN_IDS, conform, quarantine_row
 from tasks.reconstruct.guided import GUIDED
 from tasks.reconstruct.methods import Rebuilt, from_logprobs, from_server_ids, reencode
 from tasks.reconstruct.render import ChatTurn, RenderedTurn, RowError, parse_turn, render_turns
-from tasks.target.chat import chat_format_of, resolve_end_of_turn
-from tasks.target.formats import ChatFormat
-from tasks.target.tokens import EndOfTurn, byte_vocab
+from tasks.target_model.chat import chat_format_of, resolve_end_of_turn
+from tasks.target_model.formats import ChatFormat
+from tasks.target_model.tokens import EndOfTurn, byte_vocab
 
 STAGE = "reconstruct"
 

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from tasks.target.chat import template_messages
-from tasks.target.formats import ChatFormat, Reply, RowError, ToolCall
+from tasks.target_model.chat import template_messages
+from tasks.target_model.formats import ChatFormat, Reply, RowError, ToolCall
 
 TRUNCATED = "length"
 NOT_VERBATIM = ("summary", "encrypted")

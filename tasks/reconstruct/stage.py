@@ -19,8 +19,8 @@ from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.sharded import Shard, ShardedStage
 from tasks.stages import stage_dir
 from tasks.storage import read_table, write_table
-from tasks.target.chat import resolve_end_of_turn
-from tasks.target.loader import load_tokenizer, model_placement, shared_model
+from tasks.target_model.chat import resolve_end_of_turn
+from tasks.target_model.loader import load_tokenizer, model_placement, shared_model
 
 GATE_COLUMNS = ["id", "num_tokens", "num_trained", "last_trained_id", "round_trip", "finish_reason"]
 

@@ -15,9 +15,9 @@ from tasks.config import GuidedConfig, ReconstructConfig, TargetConfig
 from tasks.reconstruct.guided import Span, guide, reply_span
 from tasks.reconstruct.methods import completion_ids, truth_ids
 from tasks.reconstruct.rebuild import rebuild_rows
-from tasks.target.chat import chat_format_of
-from tasks.target.formats import ChatFormat
-from tasks.target.tokens import EndOfTurn, codec
+from tasks.target_model.chat import chat_format_of
+from tasks.target_model.formats import ChatFormat
+from tasks.target_model.tokens import EndOfTurn, codec
 from tasks.validate.classify import EXACT, SEMANTIC, Verdict, classify_ids
 
 

@@ -16,8 +16,8 @@ from tasks.reconstruct.methods import truth_ids
 from tasks.sharded import Shard, ShardedStage
 from tasks.stages import stage_dir
 from tasks.storage import atomic_path, read_table, write_table
-from tasks.target.chat import resolve_end_of_turn
-from tasks.target.loader import load_tokenizer, model_placement, shared_model
+from tasks.target_model.chat import resolve_end_of_turn
+from tasks.target_model.loader import load_tokenizer, model_placement, shared_model
 from tasks.validate.classify import EXACT, UNVERIFIED, Verdict, classify_ids, through_turn_end
 from tasks.validate.report import SIMULATE, SIMULATE_GUIDED, rates_frame, report_markdown
 from tasks.validate.simulate import GUIDED_STATS, replay_rows, simulate_guided

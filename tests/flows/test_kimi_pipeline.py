@@ -18,7 +18,7 @@ from flows.validate import validate_flow
 from tasks.config import RunConfig, ValidationConfig
 from tasks.gates import GateError
 from tasks.storage import read_table, write_table
-from tasks.target.chat import chat_format_of, resolve_end_of_turn
+from tasks.target_model.chat import chat_format_of, resolve_end_of_turn
 from tasks.validate.simulate import played_row
 from tests.support.families import FAMILIES
 from tests.support.family_rows import family_rows

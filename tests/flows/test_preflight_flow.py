@@ -2,7 +2,7 @@ import pytest
 
 from flows.preflight import preflight_flow
 from tasks.config import RunConfig
-from tasks.target.preflight import PreflightError
+from tasks.target_model.preflight import PreflightError
 
 
 def test_preflight_flow_passes_and_publishes(prefect_harness):

@@ -6,8 +6,8 @@ import shutil
 import pytest
 
 from tasks.config import TargetConfig
-from tasks.target.loader import load_tokenizer, model_dir
-from tasks.target.preflight import run_preflight
+from tasks.target_model.loader import load_tokenizer, model_dir
+from tasks.target_model.preflight import run_preflight
 
 EVIL = """
 import pathlib, os

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.config import TargetConfig
-from tasks.target.assets import LLAMA_CPP, PackagedFile, cache_dir, chat_template, fetch
+from tasks.target_model.assets import LLAMA_CPP, PackagedFile, cache_dir, chat_template, fetch
 from tests.support.kimi_target import kimi_model_dir
 
 
@@ -134,7 +134,7 @@ def family_tokenizer(family: Family, demo_tokenizer, deepseek_tokenizer, workdir
     from tokenizers import AddedToken
 
     if family.tokenizer == "kimi":
-        from tasks.target.loader import load_tokenizer
+        from tasks.target_model.loader import load_tokenizer
 
         directory = kimi_model_dir(workdir / family.name, template_text(family))
         target = TargetConfig(model=family.name, source="hf_dir", path=directory, trust_remote_code=True)

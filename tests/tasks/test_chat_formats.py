@@ -18,8 +18,8 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import SandboxedEnvironment
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from tasks.target.chat import chat_format_of, resolve_end_of_turn
-from tasks.target.formats import FORMATS, Reply, ToolCall, detect
+from tasks.target_model.chat import chat_format_of, resolve_end_of_turn
+from tasks.target_model.formats import FORMATS, Reply, ToolCall, detect
 from tasks.validate.simulate import simulate_rows
 from tests.support.families import FAMILIES, template_text
 from tests.support.family_rows import family_rows
@@ -138,7 +138,7 @@ def test_kimi_tool_call_ids_are_counted_over_the_conversation():
 
 
 def test_arguments_that_are_not_json_are_a_named_error():
-    from tasks.target.formats import RowError
+    from tasks.target_model.formats import RowError
 
     with pytest.raises(RowError) as err:
         FORMATS["kimi-k2"].completion(Reply(None, "", (ToolCall("f", "{city: Paris"),)), "", [], "row-7")

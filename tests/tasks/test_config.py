@@ -80,6 +80,6 @@ def test_chat_format_names_match_the_formats():
     from typing import get_args
 
     from tasks.config import ChatFormatName
-    from tasks.target.formats import FORMAT_NAMES
+    from tasks.target_model.formats import FORMAT_NAMES
 
     assert set(get_args(ChatFormatName)) == {"auto", *FORMAT_NAMES}

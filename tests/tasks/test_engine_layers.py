@@ -14,7 +14,7 @@ import pytest
 
 from tasks.draft.export import ExportTarget, export_draft
 from tasks.extract.backend import default_aux_layer_ids
-from tasks.target.assets import resolve_path
+from tasks.target_model.assets import resolve_path
 from tests.support.draft import tiny_draft
 
 SGLANG = "pypi:sglang==0.5.23/sglang/srt/models/"

@@ -100,7 +100,7 @@ def test_evaluate_stage_writes_results_and_gates(trained_run, demo_model):
 
 def demo_model_tokenizer():
     from tasks.config import TargetConfig
-    from tasks.target.loader import load_tokenizer
+    from tasks.target_model.loader import load_tokenizer
 
     return load_tokenizer(TargetConfig())
 

@@ -10,9 +10,9 @@ import pytest
 from tasks.config import ApiConfig, EmbeddedServerConfig, GenerateConfig, RequestConfig, RunConfig, SourceConfig
 from tasks.generate.stage import run_generate
 from tasks.storage import read_table
-from tasks.target.formats import QWEN3
-from tasks.target.serve.embedded import embedded_server
-from tasks.target.tokens import codec
+from tasks.target_model.formats import QWEN3
+from tasks.target_model.serve.embedded import embedded_server
+from tasks.target_model.tokens import codec
 
 MAX_TOKENS = 16
 
@@ -188,7 +188,7 @@ def test_a_request_joining_a_running_batch_decodes_as_it_would_alone(demo_model,
 
     import torch
 
-    from tasks.target.serve.engine import BatchEngine, GenRequest
+    from tasks.target_model.serve.engine import BatchEngine, GenRequest
 
     torch.set_num_threads(1)
     engine = BatchEngine(demo_model, demo_tokenizer, {demo_tokenizer.eos_token_id}, max_batch=4)
@@ -226,7 +226,7 @@ def test_the_engine_reports_time_queued_for_a_slot_apart_from_time_generating(de
 
     import torch
 
-    from tasks.target.serve.engine import BatchEngine, GenRequest
+    from tasks.target_model.serve.engine import BatchEngine, GenRequest
 
     torch.set_num_threads(1)
     engine = BatchEngine(demo_model, demo_tokenizer, {demo_tokenizer.eos_token_id}, max_batch=1)
@@ -254,9 +254,9 @@ def test_server_replies_in_kimi_shape_with_a_tiktoken_tokenizer(family_tokenizer
     """The server's rendering and reply shaping on Kimi's slow tokenizer (no Rust backend, no offsets)."""
     from types import SimpleNamespace
 
-    from tasks.target.formats import Reply, ToolCall
-    from tasks.target.serve.engine import GenResult
-    from tasks.target.serve.server import TargetServer
+    from tasks.target_model.formats import Reply, ToolCall
+    from tasks.target_model.serve.engine import GenResult
+    from tasks.target_model.serve.server import TargetServer
 
     tokenizer, target = family_tokenizers["kimi-k2.5"]
     server = TargetServer(RunConfig(target=target), SimpleNamespace(stop_ids={163586}), tokenizer)

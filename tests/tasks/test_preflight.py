@@ -1,8 +1,8 @@
 import pytest
 
 from tasks.config import TargetConfig
-from tasks.target.chat import resolve_end_of_turn
-from tasks.target.preflight import PreflightError, run_preflight
+from tasks.target_model.chat import resolve_end_of_turn
+from tasks.target_model.preflight import PreflightError, run_preflight
 
 
 def test_smollm2_gguf_passes(demo_target, demo_tokenizer):

@@ -11,8 +11,8 @@ from tasks.config import ReconstructConfig, RunConfig, TargetConfig
 from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.reconstruct.stage import RECONSTRUCT, plan_shards
 from tasks.storage import read_table, write_table
-from tasks.target.chat import resolve_end_of_turn
-from tasks.target.tokens import TokenResolutionError
+from tasks.target_model.chat import resolve_end_of_turn
+from tasks.target_model.tokens import TokenResolutionError
 
 
 def truth(row: dict) -> list[int]:

@@ -14,8 +14,8 @@ import pytest
 
 from tasks.config import ReconstructConfig
 from tasks.reconstruct.rebuild import rebuild_rows
-from tasks.target.chat import resolve_end_of_turn
-from tasks.target.tokens import codec
+from tasks.target_model.chat import resolve_end_of_turn
+from tasks.target_model.tokens import codec
 from tests.support.families import FAMILIES
 from tests.support.tools import CLOCK, WEATHER
 

@@ -105,7 +105,7 @@ def test_resume_equals_uninterrupted(hidden_run, tmp_path, demo_model):
 
 
 def test_auto_dtype_trains_as_the_hardware_resolves_it(hidden_run, tmp_path, demo_model):
-    from tasks.target.loader import resolve_dtype
+    from tasks.target_model.loader import resolve_dtype
 
     pieces = pieces_from_model(demo_model, keep_model=False)
     weights = {}

@@ -12,8 +12,8 @@ from tasks.config import ReconstructConfig, RunConfig, TargetConfig, ValidationC
 from tasks.gates import GateError, enforce
 from tasks.reconstruct.stage import RECONSTRUCT
 from tasks.storage import read_table, write_table
-from tasks.target.chat import resolve_end_of_turn
-from tasks.target.formats import CHATML
+from tasks.target_model.chat import resolve_end_of_turn
+from tasks.target_model.formats import CHATML
 from tasks.validate.classify import classify_ids, first_divergence, through_turn_end
 from tasks.validate.report import rates_frame
 from tasks.validate.simulate import simulate_rows

@@ -14,7 +14,7 @@ from tasks.config import RunConfig
 def test_the_final_norm_read_from_the_checkpoint_is_the_models(demo_target, demo_model):
     """vLLM saves the last layer's output un-normed; the norm applied to it must be the target's own."""
     from tasks.extract.vllm_backend import final_norm, rms_norm
-    from tasks.target.loader import model_dir
+    from tasks.target_model.loader import model_dir
 
     weight, eps = final_norm(model_dir(demo_target), "LlamaForCausalLM")
     x = torch.randn(5, demo_model.config.hidden_size) * 30

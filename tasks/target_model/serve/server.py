@@ -18,9 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from tasks.config import RunConfig
-from tasks.target.chat import chat_format_of, template_messages
-from tasks.target.serve.engine import BatchEngine, GenRequest, GenResult
-from tasks.target.tokens import codec
+from tasks.target_model.chat import chat_format_of, template_messages
+from tasks.target_model.serve.engine import BatchEngine, GenRequest, GenResult
+from tasks.target_model.tokens import codec
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,8 @@ def build_app(config: RunConfig, threads: int = 1, max_batch: int = 16, dtype: s
     """Load the target and return the FastAPI app serving it."""
     import torch
 
-    from tasks.target.chat import resolve_end_of_turn
-    from tasks.target.loader import load_model, load_tokenizer, resolve_dtype
+    from tasks.target_model.chat import resolve_end_of_turn
+    from tasks.target_model.loader import load_model, load_tokenizer, resolve_dtype
 
     torch.set_num_threads(threads)
     tokenizer = load_tokenizer(config.target)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from tasks.config import TargetConfig
-from tasks.target.formats import ChatFormat, get_format
-from tasks.target.tokens import EndOfTurn, TokenResolutionError, codec, verify_single_token
+from tasks.target_model.formats import ChatFormat, get_format
+from tasks.target_model.tokens import EndOfTurn, TokenResolutionError, codec, verify_single_token
 
 
 def chat_format_of(tokenizer, target: TargetConfig) -> ChatFormat:

@@ -10,7 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from tasks.target.formats.base import ChatFormat, ToolCall, json_arguments
+from tasks.target_model.formats.base import ChatFormat, ToolCall, json_arguments
 
 EOS = "<｜end▁of▁sentence｜>"
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"

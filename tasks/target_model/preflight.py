@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from prefect import task
 
 from tasks.config import TargetConfig
-from tasks.target.chat import chat_format_of
-from tasks.target.formats import ChatFormat, FormatError
-from tasks.target.loader import load_tokenizer
-from tasks.target.tokens import codec
+from tasks.target_model.chat import chat_format_of
+from tasks.target_model.formats import ChatFormat, FormatError
+from tasks.target_model.loader import load_tokenizer
+from tasks.target_model.tokens import codec
 
 # A conversation that exercises every part of a chat format: system, user, reasoning, tool call,
 # tool result and a final answer. Rendering it shows which special tokens the template emits.

@@ -10,7 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from tasks.target.formats.base import ChatFormat, Reply, ToolCall, json_arguments, json_or_text, scalar_text
+from tasks.target_model.formats.base import ChatFormat, Reply, ToolCall, json_arguments, json_or_text, scalar_text
 
 CALL = re.compile(r"\n<tool_call>(?P<name>[^\n<]*)\n(?P<body>.*?)</tool_call>", re.S)
 ARGUMENT = re.compile(r"<arg_key>(?P<key>.*?)</arg_key>\n<arg_value>(?P<value>.*?)</arg_value>\n", re.S)

@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from tasks.target.formats.base import ChatFormat, ToolCall, json_arguments, json_or_text, scalar_text
+from tasks.target_model.formats.base import ChatFormat, ToolCall, json_arguments, json_or_text, scalar_text
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 HERMES_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)

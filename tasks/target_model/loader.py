@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tasks.config import ComputeConfig, TargetConfig
 from tasks.storage import atomic_path
-from tasks.target.assets import (
+from tasks.target_model.assets import (
     DEMO_MODEL,
     AssetError,
     cache_dir,

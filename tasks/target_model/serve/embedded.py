@@ -49,7 +49,7 @@ def embedded_server(config: RunConfig, workdir: Path) -> Iterator[str]:
     config_file = workdir / "server-config.yaml"
     write_bytes_atomic(config_file, yaml.safe_dump(config.model_dump(mode="json")).encode("utf-8"))
     port = free_port()
-    cmd = [sys.executable, "-m", "tasks.target.serve", "--config", str(config_file.resolve()), "--port", str(port)]
+    cmd = [sys.executable, "-m", "tasks.target_model.serve", "--config", str(config_file.resolve()), "--port", str(port)]
     with open(workdir / "server.log", "ab") as log_file:
         process = subprocess.Popen(
             cmd,

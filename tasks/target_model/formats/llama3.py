@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tasks.target.formats.base import ChatFormat, RowError, ToolCall, json_arguments
+from tasks.target_model.formats.base import ChatFormat, RowError, ToolCall, json_arguments
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tasks.target.formats.base import ChatFormat, Reply, RowError, ToolCall, json_arguments
+from tasks.target_model.formats.base import ChatFormat, Reply, RowError, ToolCall, json_arguments
 
 ANALYSIS = "<|channel|>analysis<|message|>"
 FINAL = "<|channel|>final<|message|>"

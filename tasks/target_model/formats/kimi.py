@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tasks.target.formats.base import ChatFormat, ToolCall, json_arguments, prior_tool_calls
+from tasks.target_model.formats.base import ChatFormat, ToolCall, json_arguments, prior_tool_calls
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_BEGIN, ARGUMENT_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"

@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
-from tasks.target.formats.base import ChatFormat, Reply, RowError, ToolCall
-from tasks.target.formats.deepseek import DEEPSEEK_V31, DEEPSEEK_V32
-from tasks.target.formats.glm import GLM_46
-from tasks.target.formats.harmony import GPT_OSS
-from tasks.target.formats.hermes import CHATML, QWEN3, QWEN3_CODER, QWEN35
-from tasks.target.formats.kimi import KIMI_K2, KIMI_K25
-from tasks.target.formats.llama3 import LLAMA3
+from tasks.target_model.formats.base import ChatFormat, Reply, RowError, ToolCall
+from tasks.target_model.formats.deepseek import DEEPSEEK_V31, DEEPSEEK_V32
+from tasks.target_model.formats.glm import GLM_46
+from tasks.target_model.formats.harmony import GPT_OSS
+from tasks.target_model.formats.hermes import CHATML, QWEN3, QWEN3_CODER, QWEN35
+from tasks.target_model.formats.kimi import KIMI_K2, KIMI_K25
+from tasks.target_model.formats.llama3 import LLAMA3
 
 # Most specific first: detection takes the first whose signature the template carries.
 FORMATS: dict[str, ChatFormat] = {

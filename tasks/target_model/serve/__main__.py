@@ -1,4 +1,4 @@
-"""`python -m tasks.target.serve --config RUN.yaml --port N`: what the embedded server runs as a child process."""
+"""`python -m tasks.target_model.serve --config RUN.yaml --port N`: what the embedded server runs as a child process."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import tasks  # noqa: F401  (offline defaults)
 from tasks.config import load_config
-from tasks.target.serve.server import serve
+from tasks.target_model.serve.server import serve
 
 
 def main() -> None:

@@ -1,0 +1,62 @@
+"""Loading a YAML run config (with `--set` overrides), its error lines, and the list of every key."""
+
+from __future__ import annotations
+
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from tasks.config.base import ConfigError
+from tasks.config.run import RunConfig
+
+
+def config_fields(model: type[BaseModel] | None = None, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """Every config key as (dotted key, type, default, description), nested sections and list items included."""
+    rows = []
+    for name, field in (model or RunConfig).model_fields.items():
+        key, annotation = prefix + name, field.annotation
+        item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else None
+        section = next((t for t in (annotation, item) if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        if section is not None:
+            rows += config_fields(section, f"{key}[]." if section is item else f"{key}.")
+            continue
+        default = "required" if field.is_required() else json.dumps(field.get_default(call_default_factory=True), default=str)
+        shown = annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+        rows.append((key, shown.replace("pathlib.", ""), default, " ".join((field.description or "").split())))
+    return rows
+
+
+def format_validation_error(err: ValidationError, origin: str) -> str:
+    """One line per problem: `origin: key.path: what was expected (got ...)`."""
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        got = e.get("input")
+        shown = "" if e["type"] == "missing" else f" (got {got!r:.80})"
+        lines.append(f"{origin}: {path}: {e['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Load a YAML run config; relative paths in it stay relative to the working directory."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, str(path))) from None

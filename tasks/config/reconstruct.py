@@ -1,0 +1,61 @@
+"""The `reconstruct` section: the methods that rebuild token ids, and the `guided` search."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from tasks.config.base import StrictModel
+
+
+class GuidedConfig(StrictModel):
+    """The `guided` method: re-split text-only replies to the target's own tokenization, by its likelihood."""
+
+    margin_nats: float = Field(0.5, ge=0)
+    """An edit is kept when it raises the log-likelihood of its span and window by more than this."""
+    candidate_nats: float = Field(2.0, gt=0)
+    """A token is tried where the target rates it at most this far below the current token (log-prob)..."""
+    min_logprob: float = Field(-4.0, le=0)
+    """...and only where it rates the token at least this log-probability (most positions have no such rival)."""
+    window: int = Field(4, ge=0)
+    """Tokens after an edit scored with it (where a different boundary shows its effect)."""
+    retry_nats: float = Field(4.0, ge=0)
+    """After an edit, an edit elsewhere that fell this far short of the margin last round is not scored again."""
+    ends: int = Field(2, gt=0)
+    """Where an edit may end: the first `ends` boundaries of the current ids after its first token."""
+    max_rounds: int = Field(8, gt=0)
+    """Search budget: rounds of one forward pass plus one batched pass over the edits (an edit can make the
+    next one likely: rows of list items change one item per round)."""
+    batch_rows: int = Field(8, gt=0)
+    """Rows per forward pass."""
+    search_rows: int = Field(32, gt=0)
+    """Rows searched together: their KV caches are held at once, so that edit trees of similar size from any of
+    them share a scoring forward."""
+    tree_tokens: int = Field(64, gt=0)
+    """Edits are scored as token trees of about this many tokens per row, `batch_rows` trees per forward."""
+
+
+class ReconstructConfig(StrictModel):
+    methods: list[Literal["server_ids", "logprobs", "reencode", "guided"]] = Field(
+        default_factory=lambda: ["server_ids", "logprobs", "guided"]
+    )
+    """Methods tried in order; a row uses the first one its data allows. For text-only rows: `reencode` (one pass,
+    canonical boundaries) or `guided` (re-split to the target's own tokenization by its likelihood; needs its weights)."""
+    shard_rows: int = Field(5000, gt=0)
+    """Rows per worker shard (Prefect task); coarse shards keep orchestration overhead small."""
+    pipeline_rows: int = Field(1000, gt=0)
+    """Rows per encode batch inside a shard; the next chunk renders while this one encodes."""
+    encode_threads: int = Field(2, gt=0)
+    """Threads encoding chunks at once (the tokenizer releases the GIL): about the cores a shard may use."""
+    echoed_reasoning: Literal["quarantine", "strip"] = "quarantine"
+    """Reasoning that a provider also copied into the content: refuse the row, or drop the copy."""
+    guided: GuidedConfig = Field(default_factory=GuidedConfig)
+    """Settings of the `guided` method."""
+
+    @field_validator("methods")
+    @classmethod
+    def _one_text_method(cls, methods: list[str]) -> list[str]:
+        if "reencode" in methods and "guided" in methods:
+            raise ValueError("reencode and guided both rebuild text-only rows: list one of them")
+        return methods

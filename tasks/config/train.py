@@ -1,0 +1,57 @@
+"""The `train` section: the draft, its training-time test, the optimizer and the export."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from tasks.config.base import StrictModel
+
+
+class TrainConfig(StrictModel):
+    mode: Literal["offline", "online"] = "offline"
+    """offline reads the extract stage's shards; online runs the target inside the loop."""
+    draft_vocab_size: int = Field(32_000, gt=0)
+    """Draft vocabulary size (capped at the target vocab)."""
+    ttt_steps: int = Field(7, ge=1)
+    """Training-time test: unrolled steps, each feeding back the draft's own hidden state."""
+    ttt_decay: float = Field(0.8, gt=0, le=1)
+    """Weight of step i's loss is decay**i."""
+    lr: float = Field(1e-4, gt=0)
+    """Peak AdamW learning rate (EAGLE-3's 1e-4)."""
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW (beta1, beta2). beta2 0.95 learns faster in short runs (the demo's 50 steps); over an epoch of 200k+
+    tokens torch's (0.9, 0.999), as EAGLE-3 and SpecForge train, is as good or slightly better."""
+    warmup_steps: int = Field(20, ge=0)
+    """Linear warmup steps before the cosine decay."""
+    max_steps: int = Field(200, gt=0)
+    """Optimizer steps in all (resumed runs continue to this)."""
+    batch_tokens: int = Field(2048, gt=0)
+    """Tokens per optimizer step (rows are packed up to this many)."""
+    grad_clip: float = Field(0.5, gt=0)
+    """Gradient norm clip (EAGLE-3's 0.5)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "float32"
+    """Training precision of the draft's matmuls (bf16 autocast, fp32 weights); auto = bf16 where the hardware
+    computes it natively (CUDA, AVX512-BF16/AMX CPUs), else fp32."""
+    checkpoint_every: int = Field(50, gt=0)
+    """Steps between checkpoints (resume restarts from the last)."""
+    keep_checkpoints: int = Field(2, gt=0)
+    """Checkpoints kept on disk (newest first); older ones are deleted after each save."""
+    draft_overrides: dict[str, Any] = Field(default_factory=dict)
+    """Draft config fields to override (intermediate_size, num_attention_heads, ...)."""
+    ttt_feed: Literal["predicted", "data"] = "data"
+    """What unrolled steps read as their token: the data token (as EAGLE, SpecForge and speculators train: the
+    target's distribution is computed for that prefix) or the draft's own argmax."""
+    init_lm_head_from_target: bool = True
+    """Start lm_head from the target's lm_head rows of the draft vocab (a far better start than noise)."""
+    processes: int = Field(1, gt=0)
+    """Processes for data-parallel training; >1 launches `torchrun` (gloo on CPU, nccl on GPUs)."""
+    threads_per_rank: int = Field(1, gt=0)
+    """torch threads per training process (CPU); size it to the cores you have."""
+    min_acc_0_rise: float | None = Field(0.0, ge=0)
+    """Gate: first-step accuracy must rise by more than this over the run (last vs first steps); null: not checked."""
+    export_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Weights dtype in the exported model.safetensors (what serving engines load)."""
+    export_engine: Literal["sglang", "vllm"] = "sglang"
+    """Layer-id convention written to config.json: SGLang adds 1 to the ids it reads, vLLM does not."""
