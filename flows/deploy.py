@@ -22,10 +22,10 @@ def entrypoint(flow_ref: str) -> str:
 
 
 def run_form(deployment):
-    """Keep the deployment's parameters to what a run reads: no `force` flag (the CLI's `--force`, or `force` passed
-    through the API, still work), no deploy-time settings (schedule, time zone, work pool)."""
+    """Keep the deployment's parameters to what a run reads: the config and `force` (stages to rerun though up to
+    date: a choice in the form, `--param force='["train"]'` on `prefect deployment run`), no deploy-time settings
+    (schedule, time zone, work pool)."""
     schema = deployment._parameter_openapi_schema
-    schema.properties.pop("force", None)
     for key in OrchestrationConfig.DEPLOY_ONLY:
         schema.definitions["OrchestrationConfig"]["properties"].pop(key)
     return deployment

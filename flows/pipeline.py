@@ -43,7 +43,9 @@ def run_stage(stage: str, config: RunConfig, force: bool) -> dict:
 def eagle3_pipeline(config: RunConfig, force: list[StageName] | None = None) -> dict:
     """Preflight, then generate -> reconstruct -> validate -> merge -> extract -> train -> evaluate.
 
-    `force` names stages to rerun even when up to date (a reply already bought is never asked for again).
+    Args:
+        config: Everything the run reads.
+        force: Stages to rerun even when up to date (a reply already bought is never asked for again).
     """
     results = {"preflight": preflight_task(config.target)}
     for stage in STAGE_NAMES:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
 import signal
@@ -16,6 +17,8 @@ import httpx
 
 from tasks.config import RunConfig
 from tasks.prefect_env import PROJECT_ROOT
+
+log = logging.getLogger(__name__)
 
 
 def vllm_python(config: RunConfig) -> str:
@@ -64,6 +67,7 @@ class VllmServer:
             *options,
         ]
         self.process: subprocess.Popen | None = None
+        self.startup_s: float | None = None  # seconds from launch to the first healthy answer
 
     def start(self) -> str:
         """Start the server and wait for /health; returns its base URL."""
@@ -73,12 +77,15 @@ class VllmServer:
         with open(self.log, "w") as out:
             self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         atexit.register(self.stop)
-        deadline = time.monotonic() + self.config.vllm.startup_s
+        started = time.monotonic()
+        deadline = started + self.config.vllm.startup_s
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(f"vLLM exited {self.process.returncode} while starting; {self.log}:\n{self.tail()}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    self.startup_s = time.monotonic() - started
+                    log.info("vLLM ready on %s in %.0f s (log %s)", self.url, self.startup_s, self.log.name)
                     return self.url
             except httpx.HTTPError:
                 pass

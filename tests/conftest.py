@@ -5,8 +5,13 @@ import tempfile
 
 # Prefect reads its home when first imported: keep the test database out of the project.
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="draftsmith-prefect-"))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each worker (and every process it starts) gets one core's worth of threads: two torch pools of two threads on
+    # two cores slow each other down several times over.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
+from xdist.scheduler import LoadScopeScheduling  # noqa: E402
 
 import tasks  # noqa: E402,F401  (offline defaults)
 from tasks.config import TargetConfig  # noqa: E402
@@ -14,6 +19,70 @@ from tasks.target_model.assets import DEEPSEEK_TOKENIZER, chat_template  # noqa:
 
 # The vLLM suite needs vLLM installed apart (`make test-vllm` does it and says where); elsewhere it is not collected.
 collect_ignore_glob = [] if os.environ.get("DRAFTSMITH_VLLM_PYTHON") else ["vllm/*"]
+
+# Session fixtures that cost minutes, and the test files that read them. Under pytest-xdist each file named here is
+# one unit of work, so its fixture is built once per suite, not once per worker; every other test is a unit of its
+# own, so the two workers stay evenly loaded.
+SHARED_FIXTURES = {
+    "tiny_run": {"tests/flows/test_pipeline.py", "tests/flows/test_pipeline_dask.py"},
+    "crash_runs": {"tests/reliability/test_crash_resume.py", "tests/reliability/test_gates_hold.py"},
+}
+
+
+GROUPS = {path: fixture for fixture, files in SHARED_FIXTURES.items() for path in files}
+
+
+def pytest_collection_modifyitems(config, items):
+    """The shared-fixture groups run first (the longest units of work); a test that reads a shared fixture outside
+    its files would build it again on another worker: refuse it."""
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        for fixture, files in SHARED_FIXTURES.items():
+            if fixture in item.fixturenames and path not in files:
+                raise pytest.UsageError(f"{item.nodeid} reads {fixture}: list {path} in SHARED_FIXTURES (tests/conftest.py)")
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in GROUPS)
+
+
+class SharedFixtureScheduling(LoadScopeScheduling):
+    """xdist's load-scope scheduler: one unit of work per shared-fixture group of files, one per file elsewhere (so
+    module fixtures are built once), in collection order."""
+
+    def __init__(self, config, log=None):
+        super().__init__(config, log)
+        config.option.loadscopereorder = False
+
+    def _split_scope(self, nodeid: str) -> str:
+        path = nodeid.split("::")[0]
+        return GROUPS.get(path, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return SharedFixtureScheduling(config, log)
+
+
+def pytest_sessionfinish(session):
+    """On an xdist worker, hand the reliability outcomes to the controller, which prints the table."""
+    from tests.reliability.report import REPORT
+
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["reliability"] = [list(vars(o).values()) for o in REPORT.outcomes]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    from tests.reliability.report import REPORT, FaultOutcome
+
+    REPORT.outcomes += [FaultOutcome(*values) for values in getattr(node, "workeroutput", {}).get("reliability", [])]
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.reliability.report import REPORT
+
+    if REPORT.outcomes:
+        terminalreporter.section("reliability: faults injected / survived / rows lost / secrets found")
+        for line in REPORT.lines():
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

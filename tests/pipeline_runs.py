@@ -52,12 +52,17 @@ def run_on_worker(api_url: str, deployment_id: str, pool: str, env: dict[str, st
     worker = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "worker", "--config", str(TINY), "--set", f"orchestration.work_pool={pool}"],
         cwd=ROOT,
-        env=os.environ | (env or {}) | {"PREFECT_API_URL": api_url},
+        # The worker asks for scheduled runs every second (Prefect polls every 10 s by default).
+        env=os.environ | (env or {}) | {"PREFECT_API_URL": api_url, "PREFECT_WORKER_QUERY_SECONDS": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        created = httpx.post(f"{api_url}/deployments/{deployment_id}/create_flow_run", json={}, timeout=30)
+        for _ in range(10):  # a busy SQLite server may answer 503 now and then: ask again
+            created = httpx.post(f"{api_url}/deployments/{deployment_id}/create_flow_run", json={}, timeout=30)
+            if created.status_code < 500:
+                break
+            time.sleep(3)
         assert created.status_code == 201, created.text
         run, deadline = created.json(), time.monotonic() + timeout
         while run["state_type"] not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") and time.monotonic() < deadline:

@@ -8,7 +8,7 @@ from tasks.config.base import ConfigError, StrictModel, field_label
 from tasks.config.evaluate import EvaluateConfig
 from tasks.config.extract import ExtractConfig
 from tasks.config.generate import ApiConfig, EmbeddedServerConfig, GenerateConfig, RequestConfig, SourceConfig
-from tasks.config.loading import config_fields, format_validation_error, load_config
+from tasks.config.loading import config_fields, format_validation_error, load_config, require_sources
 from tasks.config.merge import MergeConfig, MergeSourceConfig
 from tasks.config.reconstruct import GuidedConfig, ReconstructConfig
 from tasks.config.run import ComputeConfig, OrchestrationConfig, RunConfig, VllmConfig
@@ -42,4 +42,5 @@ __all__ = [
     "field_label",
     "format_validation_error",
     "load_config",
+    "require_sources",
 ]

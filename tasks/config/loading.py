@@ -41,13 +41,25 @@ def format_validation_error(err: ValidationError, origin: str) -> str:
     return "\n".join(lines)
 
 
+# Without a name a config would run as the default's, in the default's run directory.
+NAME_NEEDED = "every run names itself: its outputs go to runs_dir/<name>/, and another name's run is never touched"
+
+
+def require_sources(config: RunConfig, origin: str) -> None:
+    """A run that generates needs prompt sources (else it would replace its generations with nothing)."""
+    if not config.generate.sources:
+        raise ConfigError(f"{origin}: generate.sources: missing or empty; a run that generates needs at least one source")
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Load a YAML run config; relative paths in it stay relative to the working directory."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: cannot read YAML: {e}") from e
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty; a run config needs at least `name` ({NAME_NEEDED})")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     for dotted, value in (overrides or {}).items():
@@ -57,6 +69,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
             node = node.setdefault(key, {})
         node[leaf] = value
     try:
-        return RunConfig.model_validate(data)
+        config = RunConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, str(path))) from None
+    if "name" not in data:
+        raise ConfigError(f"{path}: name: missing; {NAME_NEEDED}")
+    return config

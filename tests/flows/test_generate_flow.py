@@ -68,3 +68,31 @@ def test_key_from_a_prefect_secret_block_is_sent_and_never_written(prefect_harne
     assert server.headers_seen[-1] == f"Bearer {sentinel}"
     for path in (tmp_path / "flow").rglob("*"):
         assert not path.is_file() or sentinel.encode() not in path.read_bytes(), path
+
+
+def test_a_run_that_ends_with_no_rows_fails_and_keeps_the_earlier_table(prefect_harness, tmp_path, server):
+    """Every prompt skipped before any request: the stage names why, row by row, and writes nothing."""
+    from tasks.generate.stage import NoRowsError
+    from tests.pipeline_runs import tree_stats
+
+    config = config_for(tmp_path, server, ["a first question", "a second question"])
+    assert generate_flow(config)["rows"] == 2
+    before = tree_stats(config.run_dir)
+    source = config.generate.sources[0].model_copy(update={"max_prompt_chars": 5})
+    skipping = config.model_copy(update={"generate": config.generate.model_copy(update={"sources": [source]})})
+    with pytest.raises(
+        NoRowsError, match=r"0 prompt\(s\) to answer, none answered; refused: 2 prompt_too_long \(e\.g\. f:q0, f:q1\)"
+    ):
+        generate_flow(skipping)
+    assert tree_stats(config.run_dir) == before
+
+
+def test_the_gate_refuses_an_empty_table(tmp_path):
+    from tasks.generate.gate import gate_frame
+    from tasks.gates import enforce
+    from tasks.storage import write_table
+
+    config = RunConfig(name="empty", runs_dir=tmp_path)
+    write_table("generations", [], config.run_dir / "generations" / "part-00000.parquet")
+    with pytest.raises(GateError, match="expect_table_row_count_to_be_between.*observed 0"):
+        enforce("generations", gate_frame(config, 0.0), parameters={"max_error_rate": 0.05})

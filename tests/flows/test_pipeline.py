@@ -1,7 +1,10 @@
 """eagle3_pipeline against a real Prefect server: runs, subflows, task history, artifacts, reruns, deployments."""
 
+import os
 import re
 import shutil
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -85,6 +88,7 @@ def test_the_pipeline_run_by_a_worker_records_subflows_tasks_and_artifacts(tiny_
     [report] = [a["data"] for a in artifacts if a["key"] == "run-report" and a["flow_run_id"] == parent["id"]]
     rows = [line for line in report.splitlines() if line.startswith("| ") and not line.startswith("| stage")]
     assert [row.split(" | ")[:2] for row in rows] == [["| preflight", "ran"]] + [[f"| {s}", "ran"] for s in STAGE_NAMES]
+    assert re.search(r"rows=12, failed=0, skipped_prompts=\d+", rows[1]), rows[1]  # prompts refused before any request
     tree = {parent["id"]} | {r["id"] for r in subflows.values()}
     linked = [
         httpx.get(f"{prefect_server}/artifacts/{i}", timeout=30).json()
@@ -124,8 +128,8 @@ def test_changed_config_reruns_that_stage_and_downstream_only(tiny_run, prefect_
 
 def test_deploy_registers_on_a_process_pool_with_schedule_limit_and_a_run_form(tiny_run, prefect_server):
     """`deploy --no-serve` (in the fixture) printed each deployment's name and link, created the pool, and
-    registered the pipeline on it scheduled in its time zone, one run at a time, with a run form holding the config
-    a run reads: no `force` flag, no deploy-time settings. The worker's run came from that deployment."""
+    registered the pipeline on it scheduled in its time zone, one run at a time, with a run form holding what a run
+    reads: the config and the stages to force, no deploy-time settings. The worker's run came from that deployment."""
     _, deployed, run = tiny_run
     ui = prefect_server.removesuffix("/api")
     assert f"registered eagle3_pipeline/tiny on work pool 'tiny-pool'  {ui}/deployments/deployment/" in deployed.stdout
@@ -142,16 +146,25 @@ def test_deploy_registers_on_a_process_pool_with_schedule_limit_and_a_run_form(t
     assert {f"tiny-{stage}" for stage in STAGE_FLOWS} <= set(deployments)
     for deployment in [pipeline] + [deployments[f"tiny-{stage}"] for stage in STAGE_FLOWS]:
         form = deployment["parameter_openapi_schema"]
-        assert list(form["properties"]) == ["config"], deployment["name"]
+        assert list(form["properties"]) == ["config", "force"], deployment["name"]
         orchestration = form["definitions"]["OrchestrationConfig"]["properties"]
         assert {"task_runner", "max_workers"} <= set(orchestration) and not {"schedule_cron", "work_pool"} & set(orchestration)
         assert "schedule_cron" not in deployment["parameters"]["config"]["orchestration"]
-    # `force` is out of the form, not out of reach: the API still takes it (the run is deleted before a worker sees it).
-    forced = httpx.post(
-        f"{prefect_server}/deployments/{pipeline['id']}/create_flow_run", json={"parameters": {"force": ["train"]}}
+    stages = pipeline["parameter_openapi_schema"]["properties"]["force"]["anyOf"][0]["items"]["enum"]
+    assert stages == list(STAGE_NAMES)  # the form offers the stages by name
+    # The README's command forces a stage from the deployment (the run is deleted before a worker sees it).
+    forced = subprocess.run(
+        [sys.executable, "-m", "prefect", "deployment", "run", "eagle3_pipeline/tiny", "--param", 'force=["train"]'],
+        env=os.environ | {"PREFECT_API_URL": prefect_server},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    assert forced.status_code == 201 and forced.json()["parameters"]["force"] == ["train"], forced.text
-    assert httpx.delete(f"{prefect_server}/flow_runs/{forced.json()['id']}").status_code == 204
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    created = api(prefect_server, "/flow_runs/filter", {"deployments": {"id": {"any_": [pipeline["id"]]}}})
+    [run_forced] = [r for r in created if r["parameters"].get("force")]
+    assert run_forced["parameters"]["force"] == ["train"]
+    assert httpx.delete(f"{prefect_server}/flow_runs/{run_forced['id']}").status_code == 204
 
 
 def test_every_name_the_readme_gives_is_what_the_server_shows(tiny_run, prefect_server):

@@ -48,15 +48,6 @@ def reliability_report():
     return REPORT
 
 
-def pytest_terminal_summary(terminalreporter):
-    from tests.reliability.report import REPORT
-
-    if REPORT.outcomes:
-        terminalreporter.section("reliability: faults injected / survived / rows lost / secrets found")
-        for line in REPORT.lines():
-            terminalreporter.write_line(line)
-
-
 @pytest.fixture(scope="session")
 def prefect_server_home(prefect_server, tmp_path_factory):
     """The home (database, logs) of the session's Prefect server."""

@@ -32,7 +32,7 @@ class ReliabilityReport:
             "| suite | fault | faults injected | survived | rows lost | secrets found |",
             "|---|---|---:|---:|---:|---:|",
         ]
-        for o in self.outcomes:
+        for o in sorted(self.outcomes, key=lambda o: o.suite):  # workers report in any order; a suite's rows stay in order
             out.append(f"| {o.suite} | {o.kind} | {o.injected} | {o.survived} | {o.rows_lost} | {o.secrets_found} |")
         total = [sum(getattr(o, k) for o in self.outcomes) for k in ("injected", "survived", "rows_lost", "secrets_found")]
         out.append(f"| **total** | {len(self.outcomes)} kinds | {total[0]} | {total[1]} | {total[2]} | {total[3]} |")

