@@ -88,8 +88,8 @@ def test_a_run_that_ends_with_no_rows_fails_and_keeps_the_earlier_table(prefect_
 
 
 def test_the_gate_refuses_an_empty_table(tmp_path):
-    from tasks.generate.gate import gate_frame
     from tasks.gates import enforce
+    from tasks.generate.gate import gate_frame
     from tasks.storage import write_table
 
     config = RunConfig(name="empty", runs_dir=tmp_path)
