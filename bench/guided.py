@@ -1,12 +1,15 @@
-"""Guided vs canonical re-encoding in simulate mode: exact rows recovered, at what cost against extract.
+"""Guided driven by the provider's counts vs guided as it was (every row searched) vs one-pass re-encoding, in
+simulate mode: exact rows recovered, at what cost, and what the counts tell.
 
     .venv/bin/python bench/guided.py                  # 200 replies at T=0.7 and 200 at T=0, 128 new tokens
     .venv/bin/python bench/guided.py --rows 40 --quick
 
-Samples SmolLM2 replies with their true ids, plays them through the text API (decode, split, drop the
-ids), rebuilds each by one-pass re-encoding (canonical) and by `guided`, and classifies both against
-the true ids. Cost is set beside the extract stage's forward pass over the same rows (same model,
-same threads, batched by length the way extract batches).
+Samples SmolLM2 replies with their true ids and the counts a vLLM-shaped server reports (completion_tokens: the
+reply's ids, end of turn included), plays them through the text API (decode, split, drop the ids, keep the counts),
+rebuilds each by one-pass re-encoding (canonical), by `guided` searching every row (the method before counts), and
+by `guided` driven by the counts (rows whose one-pass length is the provider's count are not searched; the others
+are searched toward it), and classifies all three against the true ids. Cost is set beside the extract stage's
+forward pass over the same rows (same model, same threads, batched by length the way extract batches).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from bench.simulate_reencode import sharegpt_prompts  # noqa: E402
 from tasks.config import GuidedConfig, TargetConfig  # noqa: E402
 from tasks.extract.batching import pack_batches  # noqa: E402
 from tasks.extract.transformers_backend import TransformersBackend  # noqa: E402
-from tasks.reconstruct.guided import guide  # noqa: E402
+from tasks.reconstruct.guided import guide, to_search  # noqa: E402
 from tasks.target_model.chat import resolve_end_of_turn  # noqa: E402
 from tasks.target_model.loader import load_model, load_tokenizer  # noqa: E402
 from tasks.validate.simulate import replay_rows  # noqa: E402
@@ -44,6 +47,23 @@ def extract_seconds(model, rows: list[list[int]], batch_tokens: int) -> float:
     for batch in pack_batches([len(r) for r in rows], batch_tokens):
         backend.extract([rows[i] for i in batch])
     return time.perf_counter() - started
+
+
+def guided_by_count(model, tokenizer, spans, cfg: GuidedConfig) -> tuple[list[list[int]], int]:
+    """Each row's ids after the count-driven search, and how many rows it searched."""
+    plans = [to_search(s.row["id"], s.span, s.counts.expected_reply, cfg) for s in spans]
+    searched = guide(model, tokenizer, [p for p in plans if p is not None], cfg)
+    found = iter(searched)
+    return [next(found).ids if p is not None else s.span.ids for s, p in zip(spans, plans, strict=True)], len(searched)
+
+
+def count_figures(spans, classes: list[str]) -> str:
+    """Precision (count matched -> exact) and recall (not exact -> count mismatched) of the one-pass rebuilds."""
+    matched = [s.counts.reply_ok for s in spans]
+    hits = [m for m, k in zip(matched, classes, strict=True) if m]
+    exact_hits = sum(k == "exact" for m, k in zip(matched, classes, strict=True) if m)
+    misses = [not m for m, k in zip(matched, classes, strict=True) if k != "exact"]
+    return f"{exact_hits}/{len(hits)} | {sum(misses)}/{len(misses)}"
 
 
 def main() -> None:
@@ -66,30 +86,39 @@ def main() -> None:
     cfg = GuidedConfig()
     print(f"\nSmolLM2-135M-Instruct, {args.rows} ShareGPT replies per temperature, <= {args.max_new_tokens} new tokens,")
     print(f"{args.threads} thread(s); guided: {cfg.model_dump()}\n")
-    header = "| T | rows | canonical exact / bpe_only / semantic | guided exact / bpe_only / semantic | exact -> not |"
-    header += " rows changed | mean nats gained | guided s/1k tok | extract s/1k tok | guided / extract |"
+    header = "| T | rows | method | exact / bpe_only / semantic | exact -> not | rows searched | s/1k tok | x extract |"
+    header += " x every-row guided |"
     print(header)
-    print("|" + "---|" * 10)
+    print("|" + "---|" * 9)
     for temperature in (0.7, 0.0):
         rows = sample_generations(
             model, tokenizer, prompts, end_of_turn, max_new_tokens=args.max_new_tokens, temperature=temperature
         )
         spans = [r for r in replay_rows(tokenizer, rows, target, end_of_turn) if r.span is not None]
-        started = time.perf_counter()
-        guided = guide(model, tokenizer, [s.span for s in spans], cfg)
-        guided_s = time.perf_counter() - started
-        extract_s = extract_seconds(model, [s.span.ids for s in spans], 4096)
-        before = [s.verdict(tokenizer, s.span.ids).klass for s in spans]
-        after = [s.verdict(tokenizer, g.ids).klass for s, g in zip(spans, guided, strict=True)]
-        worse = sum(b == "exact" and a != "exact" for b, a in zip(before, after, strict=True))
-        changed = [g for g in guided if g.edits]
-        gained = statistics.mean(g.nats for g in changed) if changed else 0.0
         tokens = sum(len(s.span.ids) for s in spans) / 1000
-        print(
-            f"| {temperature} | {len(spans)} | {split(Counter(before), len(spans))} | {split(Counter(after), len(spans))} "
-            f"| {worse} | {len(changed)} | {gained:.1f} | {guided_s / tokens:.2f} | {extract_s / tokens:.2f} "
-            f"| {guided_s / extract_s:.2f}x |"
-        )
+        extract_s = extract_seconds(model, [s.span.ids for s in spans], 4096)
+        started = time.perf_counter()
+        every = [g.ids for g in guide(model, tokenizer, [s.span for s in spans], cfg)]
+        every_s = time.perf_counter() - started
+        started = time.perf_counter()
+        counted, searched = guided_by_count(model, tokenizer, spans, cfg)
+        counted_s = time.perf_counter() - started
+        before = [s.verdict(tokenizer, s.span.ids).klass for s in spans]
+        for name, ids, seconds, n in (
+            ("one pass", [s.span.ids for s in spans], 0.0, 0),
+            ("guided, every row", every, every_s, len(spans)),
+            ("guided, by count", counted, counted_s, searched),
+        ):
+            after = [s.verdict(tokenizer, i).klass for s, i in zip(spans, ids, strict=True)]
+            lost = sum(b == "exact" and a != "exact" for b, a in zip(before, after, strict=True))
+            ratio = f"{seconds / every_s:.2f}x" if seconds else "-"
+            print(
+                f"| {temperature} | {len(spans)} | {name} | {split(Counter(after), len(spans))} | {lost} | {n} "
+                f"| {seconds / tokens:.2f} | {seconds / extract_s:.2f}x | {ratio} |"
+            )
+        print(f"\ncounts at T={temperature}: count matched -> exact | not exact -> count mismatched: {count_figures(spans, before)}")
+        reached = sum(s.counts.expected_reply == len(i) - s.span.start for s, i in zip(spans, counted, strict=True))
+        print(f"rows at the provider's count after the count-driven search: {reached} of {len(spans)}\n")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,13 @@ class ContractError(ValueError):
     """A table that does not fit its contract; the message names the table, column and problem."""
 
 
+# `count_verdict` of a reconstructed row: the provider's token counts against the rebuilt ids.
+COUNT_VERIFIED = "count_verified"
+REPLY_COUNT_MISMATCH = "reply_count_mismatch"
+PROMPT_COUNT_MISMATCH = "prompt_count_mismatch"
+UNCOUNTED = "uncounted"
+COUNT_VERDICTS = (COUNT_VERIFIED, REPLY_COUNT_MISMATCH, PROMPT_COUNT_MISMATCH, UNCOUNTED)
+
 TOKEN_IDS = pa.list_(pa.int32())
 MASK = pa.list_(pa.int8())
 
@@ -52,8 +59,11 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("tool_calls", pa.string()),  # JSON list of OpenAI tool calls, or null
             ("finish_reason", pa.string()),
             ("truncated", pa.bool_()),  # finish_reason == "length"
+            # The provider's own counts (usage), with the target's tokenizer: evidence about the rebuilt ids.
             ("prompt_tokens", pa.int64()),
             ("completion_tokens", pa.int64()),
+            ("reasoning_tokens", pa.int64()),  # usage.completion_tokens_details.reasoning_tokens, or null
+            ("cached_tokens", pa.int64()),  # usage.prompt_tokens_details.cached_tokens, or null
             ("cost", pa.float64()),  # USD from usage.cost, null when not reported
             ("latency_s", pa.float64()),  # request sent -> reply received, for the attempt that answered
             # Of that, what the server reports (vLLM's per-request metrics): seconds queued for a batch slot, and
@@ -101,6 +111,15 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("finish_reason", pa.string()),
             ("prompt_text", pa.string()),  # the prompt turns as plain text, for dedup
             ("origin", pa.string()),  # target | dataset, as in `generations`
+            # Rebuilt lengths beside the provider's counts mapped by its count convention to what those lengths should
+            # be (null: not reported), and the verdict (tasks/reconstruct/counts.py).
+            ("prompt_count", pa.int32()),
+            ("reply_count", pa.int32()),  # end-of-turn token included on a finished reply
+            ("reasoning_count", pa.int32()),  # reply tokens over the reasoning; null unless the provider counts it apart
+            ("provider_prompt_count", pa.int32()),
+            ("provider_reply_count", pa.int32()),
+            ("provider_reasoning_count", pa.int32()),
+            ("count_verdict", pa.string()),  # count_verified | reply_count_mismatch | prompt_count_mismatch | uncounted
         ]
     ),
     # Per-row trust in the ids (validate stage output).
@@ -115,6 +134,10 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("truth_context", pa.string()),  # token strings around the divergence
             ("rebuilt_context", pa.string()),
             ("round_trip", pa.bool_()),
+            # The provider's counts against these ids (null: not counted): the verdict, and each side's agreement.
+            ("count_verdict", pa.string()),
+            ("prompt_count_ok", pa.bool_()),
+            ("reply_count_ok", pa.bool_()),
         ]
     ),
     # Training and eval rows (merge stage output).
@@ -147,9 +170,19 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 # Columns added after a table's first version: a file written before them reads with nulls there.
 LATER_COLUMNS: dict[str, set[str]] = {
-    "generations": {"reasoning_kind", "template_kwargs", "created", "origin"},
-    "reconstructed": {"origin"},
+    "generations": {"reasoning_kind", "template_kwargs", "created", "origin", "reasoning_tokens", "cached_tokens"},
+    "reconstructed": {
+        "origin",
+        "prompt_count",
+        "reply_count",
+        "reasoning_count",
+        "provider_prompt_count",
+        "provider_reply_count",
+        "provider_reasoning_count",
+        "count_verdict",
+    },
     "merged": {"origin"},
+    "validation": {"count_verdict", "prompt_count_ok", "reply_count_ok"},
 }
 
 

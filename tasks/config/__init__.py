@@ -7,7 +7,15 @@ YAML. Every default sits beside a one-line reason. One module per section; impor
 from tasks.config.base import ConfigError, StrictModel, field_label
 from tasks.config.evaluate import EvaluateConfig
 from tasks.config.extract import ExtractConfig
-from tasks.config.generate import ApiConfig, EmbeddedServerConfig, GenerateConfig, RequestConfig, SourceConfig
+from tasks.config.generate import (
+    PROVIDER_COUNTS,
+    ApiConfig,
+    CountConvention,
+    EmbeddedServerConfig,
+    GenerateConfig,
+    RequestConfig,
+    SourceConfig,
+)
 from tasks.config.loading import config_fields, format_validation_error, load_config, require_sources
 from tasks.config.merge import MergeConfig, MergeSourceConfig
 from tasks.config.reconstruct import GuidedConfig, ReconstructConfig
@@ -17,10 +25,12 @@ from tasks.config.train import TrainConfig
 from tasks.config.validation import ValidationConfig
 
 __all__ = [
+    "PROVIDER_COUNTS",
     "ApiConfig",
     "ChatFormatName",
     "ComputeConfig",
     "ConfigError",
+    "CountConvention",
     "EmbeddedServerConfig",
     "EvaluateConfig",
     "ExtractConfig",

@@ -9,6 +9,34 @@ from pydantic import Field
 from tasks.config.base import StrictModel
 
 
+class CountConvention(StrictModel):
+    """What a provider's `usage` counts, so that its token counts can be checked against the rebuilt ids."""
+
+    end_of_turn: bool = True
+    """completion_tokens counts the end-of-turn token of a finished reply (vLLM, SGLang and the embedded server do)."""
+    prompt_offset: int = 0
+    """Tokens prompt_tokens counts beyond the rendered prompt's own (1: a BOS the provider's tokenizer prepends)."""
+    reasoning_in_completion: bool = True
+    """completion_tokens includes the reasoning tokens (OpenAI-style usage, as OpenRouter reports it)."""
+    reasoning_markers: bool = False
+    """reasoning_tokens also counts the markers around the reasoning (`<think>`, `</think>`)."""
+    cached_in_prompt: bool = True
+    """prompt_tokens includes the cached prompt tokens (cached_tokens is a part of it, not apart from it)."""
+
+
+# What each API flavour's usage counts, unless a source says otherwise: measured for vLLM 0.32 (completion_tokens is
+# the length of its token ids, end of turn included on finished replies) and the embedded server; OpenRouter passes
+# on the upstream engine's counts, which are vLLM's or SGLang's for the open-weight targets. Validate checks the
+# convention on every source's rows with true ids and names it when it does not hold.
+PROVIDER_COUNTS = {
+    "vllm": CountConvention(),
+    "sglang": CountConvention(),
+    "embedded": CountConvention(),
+    "openrouter": CountConvention(),
+    "openai": CountConvention(),
+}
+
+
 class SourceConfig(StrictModel):
     """One prompt source."""
 
@@ -27,6 +55,8 @@ class SourceConfig(StrictModel):
     replies: Literal["target", "dataset"] = "target"
     """Whose replies are trained on: "target" buys the target's reply to each prompt over the API; "dataset" takes
     the row's own last assistant turn as it is, with no request (every table marks its rows `origin: dataset`)."""
+    counts: CountConvention | None = None
+    """What the provider's token counts include for this source's replies; None: the default of generate.api.provider."""
 
 
 class ApiConfig(StrictModel):
@@ -109,3 +139,8 @@ class GenerateConfig(StrictModel):
     """Gate: share of requested rows that may end as permanent failures."""
     journal_batch: int = Field(8, gt=0)
     """Replies per journal fsync: small batches bound what a crash can lose to what is in flight."""
+
+    def count_convention(self, source: str) -> CountConvention:
+        """How the provider counted a source's tokens: the source's own setting, else its API flavour's."""
+        configured = next((s.counts for s in self.sources if s.name == source), None)
+        return configured or PROVIDER_COUNTS[self.api.provider]

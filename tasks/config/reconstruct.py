@@ -34,6 +34,17 @@ class GuidedConfig(StrictModel):
     them share a scoring forward."""
     tree_tokens: int = Field(64, gt=0)
     """Edits are scored as token trees of about this many tokens per row, `batch_rows` trees per forward."""
+    count_margin_nats: float = Field(0.0, ge=0)
+    """On a row whose length differs from the provider's count, an edit that brings it toward that count (never past
+    it) is kept when it gains more than this: the count already says the one-pass split is not the target's."""
+    count_candidate_nats: float = Field(4.0, gt=0)
+    """candidate_nats on a row whose length differs from the provider's count (a split the target sampled against its
+    own odds is still the target's: the count, not the likelihood, says a re-split is due)."""
+    count_min_logprob: float = Field(-8.0, le=0)
+    """min_logprob on a row whose length differs from the provider's count."""
+    spot_check: float = Field(0.0, ge=0, le=1)
+    """Share of rows whose one-pass length already matches the provider's count searched anyway (to measure what
+    the count lets through: a re-split of the same length); those rows are searched without the count."""
 
 
 class ReconstructConfig(StrictModel):
@@ -52,6 +63,9 @@ class ReconstructConfig(StrictModel):
     """Reasoning that a provider also copied into the content: refuse the row, or drop the copy."""
     guided: GuidedConfig = Field(default_factory=GuidedConfig)
     """Settings of the `guided` method."""
+    count_mismatch: Literal["keep", "mask", "quarantine"] = "keep"
+    """A row whose rebuilt reply length differs from the provider's count (it is not the target's tokenization, though
+    its text is right): keep it, keep it with its loss mask off (merge leaves it out), or quarantine it."""
 
     @field_validator("methods")
     @classmethod

@@ -51,5 +51,9 @@ class TargetConfig(StrictModel):
     DeepSeek-V4.jinja"."""
     end_of_turn: str | None = None
     """Text of the end-of-turn token; None resolves it from the template (then eos)."""
+    history_arguments: Literal["object", "as_sent"] = "object"
+    """Tool-call arguments of earlier turns as the chat template gets them: decoded JSON objects (what vLLM and SGLang
+    pass), or the strings as sent (what Moonshot's own Kimi-K2.5 template prints). The prompt-count verdict shows
+    which one a provider used."""
     max_length: int = Field(2048, gt=0)
     """Tokens per training sequence; longer rows are quarantined, not truncated."""

@@ -20,6 +20,14 @@ class ValidationConfig(StrictModel):
     min_verified_share: float = Field(0.05, ge=0, le=1)
     """Gate: share of each source's rows with ground truth (server ids or logprobs): a text-only source needs some (e.g.
     request.logprobs on, or a vLLM/SGLang slice) so its error is measured, not assumed."""
+    min_count_agreement: float = Field(0.98, ge=0, le=1)
+    """Gate: share of each source's rows with true ids whose provider counts agree with those ids under the source's
+    count convention (below it, the convention is wrong for that provider and every text-only verdict with it)."""
+    min_count_verified_share: float = Field(0.5, ge=0, le=1)
+    """Gate: share of each source's counted text-only rows whose rebuilt prompt and reply lengths are the provider's."""
+    max_prompt_mismatch_rate: float = Field(0.01, ge=0, le=1)
+    """Gate: share of each source's counted rows whose rebuilt prompt length is not the provider's (another template,
+    an injected system prompt, tools or history arguments rendered otherwise)."""
     context_tokens: int = Field(4, ge=0)
     """Tokens of context shown on each side of a first divergence."""
     examples: int = Field(5, ge=0)

@@ -134,6 +134,8 @@ def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, temp
         "truncated": finish == "length",
         "prompt_tokens": usage.get("prompt_tokens"),
         "completion_tokens": usage.get("completion_tokens"),
+        "reasoning_tokens": (usage.get("completion_tokens_details") or {}).get("reasoning_tokens"),
+        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
         "cost": usage.get("cost"),
         "latency_s": round(latency_s, 4),
         "server_queue_s": None if queue_s is None else round(queue_s, 4),

@@ -20,6 +20,7 @@ REASONS = (
     "kept",
     "missing_id",
     "malformed",
+    "count_masked",
     "empty_loss_mask",
     "too_short",
     "too_long",
@@ -46,9 +47,12 @@ class BatchView:
     mask_sums: np.ndarray  # int64, trained tokens
     truncated: np.ndarray  # bool, finish_reason == "length"
     klass: np.ndarray  # uint8 class code
+    count_mismatch: np.ndarray  # bool, the rebuilt reply length is not the provider's count
 
     @classmethod
-    def from_batch(cls, batch: pa.RecordBatch, source_index: np.ndarray, klass: np.ndarray) -> BatchView:
+    def from_batch(
+        cls, batch: pa.RecordBatch, source_index: np.ndarray, klass: np.ndarray, count_mismatch: np.ndarray
+    ) -> BatchView:
         input_ids, loss_mask = batch.column("input_ids"), batch.column("loss_mask")
         finish = batch.column("finish_reason")
         return cls(
@@ -60,6 +64,7 @@ class BatchView:
             mask_sums=list_sums(loss_mask),
             truncated=pc.fill_null(pc.equal(finish, "length"), False).to_numpy(zero_copy_only=False),
             klass=klass,
+            count_mismatch=count_mismatch,
         )
 
 
@@ -73,6 +78,7 @@ def check_rows(view: BatchView, sources: list[MergeSourceConfig]) -> np.ndarray:
     id_lengths = pc.fill_null(pc.utf8_length(view.ids), 0).to_numpy(zero_copy_only=False)
     reject(CODE["missing_id"], id_lengths == 0)
     reject(CODE["malformed"], (view.id_lengths != view.mask_lengths) | (view.id_lengths != view.num_tokens))
+    reject(CODE["count_masked"], view.count_mismatch & (view.mask_sums == 0))
     reject(CODE["empty_loss_mask"], view.mask_sums == 0)
     for index, source in enumerate(sources):
         mine = view.source_index == index
@@ -96,6 +102,8 @@ def explain(code: int, row: int, view: BatchView, source: MergeSourceConfig) -> 
             f"len(input_ids)={view.id_lengths[row]}, len(loss_mask)={view.mask_lengths[row]}, "
             f"num_tokens={tokens}: all three must agree"
         )
+    if code == CODE["count_masked"]:
+        return "loss_mask", "reply length is not the provider's count: its loss mask is off (reconstruct.count_mismatch: mask)"
     if code == CODE["empty_loss_mask"]:
         return "loss_mask", "no trained token: the draft would learn nothing from this row"
     if code == CODE["too_short"]:

@@ -32,6 +32,10 @@ def render_report(manifest: dict) -> str:
     lines += ["", "| origin | train rows | eval rows | train tokens | eval tokens |", "|---|---|---|---|---|"]
     for origin, n in manifest.get("by_origin", {}).items():
         lines.append(f"| {origin} | {n['train']} | {n['eval']} | {n['train_tokens']} | {n['eval_tokens']} |")
+    if manifest.get("by_count_verdict"):
+        lines += ["", "| count verdict | train rows | eval rows |", "|---|---|---|"]
+        for verdict, n in manifest["by_count_verdict"].items():
+            lines.append(f"| {verdict} | {n['train']} | {n['eval']} |")
     sources = list(manifest["mix"])
     lines += ["", "| reason | " + " | ".join(sources) + " | total |", "|---|" + "---|" * (len(sources) + 1)]
     if not manifest["drops"]:

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.config import MergeSourceConfig
-from tasks.contracts import ContractError, schema
+from tasks.contracts import COUNT_VERDICTS, REPLY_COUNT_MISMATCH, UNCOUNTED, ContractError, schema
 from tasks.merge.filters import KEPT, BatchView, check_rows, quarantine_records
 from tasks.merge.hashing import hash_strings, hash_token_lists, normalise_prompts, shuffle_key
 from tasks.merge.shuffle import BUCKET_SCHEMA, BucketStore
@@ -21,6 +21,7 @@ from tasks.merge.sources import CLASSES, UNVERIFIED, ClassIndex, InputDir, route
 
 COLUMNS = ["id", "source", "input_ids", "loss_mask", "num_tokens", "finish_reason", "prompt_text"]
 ORIGINS = ("target", "dataset")  # `origin` codes in the index; a table written before the column reads as target
+OPTIONAL = ("origin", "count_verdict")  # read where the table has them (tables written before them do not)
 # Bytes the scan keeps per row: five 8-byte digests/ids, small codes, and the id string (~24 bytes).
 INDEX_BYTES_PER_ROW = 72
 INDEX_DTYPES = {
@@ -33,6 +34,7 @@ INDEX_DTYPES = {
     "priority": np.uint64,
     "num_tokens": np.int64,
     "origin": np.uint8,
+    "count_verdict": np.uint8,
 }
 
 
@@ -49,6 +51,7 @@ class ScanIndex:
     priority: list[np.ndarray] = field(default_factory=list)
     num_tokens: list[np.ndarray] = field(default_factory=list)
     origin: list[np.ndarray] = field(default_factory=list)
+    count_verdict: list[np.ndarray] = field(default_factory=list)
     ids: list[pa.Array] = field(default_factory=list)
     rows: int = 0
     unrouted: int = 0
@@ -89,6 +92,14 @@ def origins_of(batch: pa.RecordBatch) -> np.ndarray:
     return codes.to_numpy().astype(np.uint8)
 
 
+def verdicts_of(batch: pa.RecordBatch) -> np.ndarray:
+    """Each row's count verdict as an index into COUNT_VERDICTS; missing or null reads as uncounted."""
+    if "count_verdict" not in batch.schema.names:
+        return np.full(batch.num_rows, COUNT_VERDICTS.index(UNCOUNTED), np.uint8)
+    codes = pc.index_in(pc.fill_null(batch.column("count_verdict"), UNCOUNTED), pa.array(COUNT_VERDICTS))
+    return pc.fill_null(codes, COUNT_VERDICTS.index(UNCOUNTED)).to_numpy().astype(np.uint8)
+
+
 def priorities(ids: pa.Array, source_index: np.ndarray, keys: list[bytes]) -> np.ndarray:
     """Seeded shuffle digest per row, keyed by its source so that each source draws independently."""
     out = np.zeros(len(ids), dtype=np.uint64)
@@ -115,7 +126,7 @@ def scan_inputs(
         for path in entry.files:
             parquet = pq.ParquetFile(path)
             check_columns(path, parquet)
-            columns = COLUMNS + (["origin"] if "origin" in parquet.schema_arrow.names else [])
+            columns = COLUMNS + [name for name in OPTIONAL if name in parquet.schema_arrow.names]
             for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
                 _scan_batch(batch, entry, sources, keys, classes, index, buckets, quarantine)
     return index
@@ -136,7 +147,8 @@ def _scan_batch(batch, entry, sources, keys, classes, index, buckets, quarantine
     ids = batch.column("id")
     id_keys = hash_strings(ids)
     klass = classes.lookup(id_keys) if classes is not None else np.full(len(ids), UNVERIFIED, np.uint8)
-    view = BatchView.from_batch(batch, source_index, klass)
+    verdict = verdicts_of(batch)
+    view = BatchView.from_batch(batch, source_index, klass, verdict == COUNT_VERDICTS.index(REPLY_COUNT_MISMATCH))
     reasons = check_rows(view, sources)
     records = quarantine_records(reasons, view, sources)
     if records:
@@ -156,6 +168,7 @@ def _scan_batch(batch, entry, sources, keys, classes, index, buckets, quarantine
     index.priority.append(priority)
     index.num_tokens.append(view.num_tokens)
     index.origin.append(origin)
+    index.count_verdict.append(verdict)
     index.ids.append(ids.cast(pa.string()))
     index.rows += batch.num_rows
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 import tasks
 from tasks.config import MergeConfig, MergeSourceConfig, RunConfig
-from tasks.contracts import quarantine_row, schema, to_table
+from tasks.contracts import COUNT_VERDICTS, quarantine_row, schema, to_table
 from tasks.failpoints import failpoint
 from tasks.merge.dedup import drop_duplicates
 from tasks.merge.filters import KEPT, REASONS, STAGE
@@ -239,6 +239,11 @@ def _manifest(merge, seed, sources, plans, index: ScanIndex, columns, split, sha
                 "train_tokens": int(tokens[train].sum()),
                 "eval_tokens": int(tokens[evals].sum()),
             }
+    by_count_verdict = {}
+    for code, verdict in enumerate(COUNT_VERDICTS):
+        train, evals = (columns["count_verdict"] == code) & (split == TRAIN), (columns["count_verdict"] == code) & (split == EVAL)
+        if train.any() or evals.any():
+            by_count_verdict[verdict] = {"train": int(train.sum()), "eval": int(evals.sum())}
     selected = {p.name: p.selected for p in plans}
     requested, realised = requested_shares(plans), realised_shares(selected, plans)
     total = sum(selected.values())
@@ -261,6 +266,7 @@ def _manifest(merge, seed, sources, plans, index: ScanIndex, columns, split, sha
         "expected": {"total_rows": total, "eval_rows": expected_eval},
         "counts": counts,
         "by_origin": by_origin,
+        "by_count_verdict": by_count_verdict,
         "drops": drops,
         "mix": {
             p.name: {

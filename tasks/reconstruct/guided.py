@@ -23,9 +23,10 @@ construction.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -60,6 +61,20 @@ class Span:
     stop: int
     changed: list[tuple[int, int]] | None = None  # token ranges edited last round; None: look everywhere
     tried: dict[tuple, float] | None = None  # gains scored in earlier rounds, by (byte offset, token, end byte)
+    target: int | None = None  # reply tokens the provider counted (None: no count to go by)
+
+    @property
+    def need(self) -> int | None:
+        """Tokens the reply must gain (or, negative, lose) to have the provider's count; None without a count."""
+        return None if self.target is None else self.target - (self.stop - self.start)
+
+    def margin(self, cfg: GuidedConfig) -> float:
+        """What an edit must gain here: less where the count says the current split is not the target's."""
+        return cfg.count_margin_nats if self.need else cfg.margin_nats
+
+    def reach(self, cfg: GuidedConfig) -> tuple[float, float]:
+        """(candidate_nats, min_logprob): wider where the count says the current split is not the target's."""
+        return (cfg.count_candidate_nats, cfg.count_min_logprob) if self.need else (cfg.candidate_nats, cfg.min_logprob)
 
 
 @dataclass
@@ -119,6 +134,7 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
     boundary = {int(s): span.start + k for k, s in enumerate(starts)}
     low = first_needed(span, cfg)  # after a change, positions well before it keep last round's scores
     logits = [0.0] * low + base.raw(row, torch.arange(low, len(ids) - 1), torch.tensor(ids[low + 1 :])).tolist()
+    candidate_nats, min_logprob = span.reach(cfg)
 
     def near(t: int) -> bool:
         return any(lo - cfg.window <= t < hi + cfg.window for lo, hi in span.changed or [])
@@ -133,7 +149,7 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
             continue
         rivals = base.raw(row, t - 1, torch.tensor([token for token, _ in options])).tolist()
         for (token, n), rival in zip(options, rivals, strict=True):
-            if rival < logits[t - 1] - cfg.candidate_nats:  # logits differ as log-probabilities do
+            if rival < logits[t - 1] - candidate_nats:  # logits differ as log-probabilities do
                 continue
             first_end = int(np.searchsorted(starts, at + n))
             for end in starts[first_end : first_end + cfg.ends].tolist():
@@ -142,7 +158,7 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
                 if gap is None or [token, *gap] == ids[t:stop]:
                     continue
                 key = (at, token, end)
-                if span.tried and span.tried.get(key, math.inf) < cfg.margin_nats - cfg.retry_nats and not near(t):
+                if span.tried and span.tried.get(key, math.inf) < span.margin(cfg) - cfg.retry_nats and not near(t):
                     continue  # far below the margin last round; a change elsewhere will not lift it that far
                 drafts.append((t, stop, (token, *gap), rival, key, min(len(ids), stop + cfg.window)))
     # Only the positions an edit's span and window cover need the whole vocabulary's normalizer.
@@ -150,10 +166,10 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
     edits = []
     for t, stop, tokens, rival, key, end in drafts:
         first = rival - float(base.norm[int(base.at[row]) + t - 1])
-        if first < cfg.min_logprob:
+        if first < min_logprob:
             continue
         stands = float(base.logprob(row, torch.arange(t - 1, end - 1), torch.tensor(ids[t:end])).sum())
-        if first - stands <= cfg.margin_nats:
+        if first - stands <= span.margin(cfg):
             continue  # the edit's other tokens and its window can only lower its gain: it cannot pass
         edits.append(Edit(row, t, stop, tokens, stands, first, key))
     return edits
@@ -166,16 +182,28 @@ def first_needed(span: Span, cfg: GuidedConfig) -> int:
     return max(span.start - 1, min(lo for lo, _ in span.changed) - cfg.window - 1)
 
 
-def choose(edits: list[Edit], gains: list[float], cfg: GuidedConfig) -> dict[int, list[tuple[Edit, float]]]:
-    """Per row, the best edits over the margin whose spans and windows do not overlap."""
+def acceptable(edit: Edit, gain: float, need: int | None, cfg: GuidedConfig) -> bool:
+    """Whether an edit may be taken; `need` is what its row still lacks of the provider's count after the edits taken
+    before this one (None: no count)."""
+    delta = len(edit.tokens) - (edit.stop - edit.start)
+    if need is None or delta == 0:  # no count, or a re-split of the same length: the margin alone decides
+        return gain > cfg.margin_nats
+    return need != 0 and delta * need > 0 and abs(delta) <= abs(need) and gain > cfg.count_margin_nats
+
+
+def choose(edits: list[Edit], gains: list[float], cfg: GuidedConfig, spans: list[Span]) -> dict[int, list[tuple[Edit, float]]]:
+    """Per row, the best acceptable edits whose spans and windows do not overlap."""
     taken: dict[int, list[tuple[Edit, float]]] = {}
+    need = {k: span.need for k, span in enumerate(spans)}
     for gain, edit in sorted(zip(gains, edits, strict=True), key=lambda p: -p[0]):
-        if gain <= cfg.margin_nats:
-            break
+        if not acceptable(edit, gain, need[edit.row], cfg):
+            continue
         reach = edit.stop + cfg.window
         mine = taken.setdefault(edit.row, [])
         if all(reach <= other.start or other.stop + cfg.window <= edit.start for other, _ in mine):
             mine.append((edit, gain))
+            if need[edit.row] is not None:
+                need[edit.row] -= len(edit.tokens) - (edit.stop - edit.start)
     return taken
 
 
@@ -188,7 +216,10 @@ def guide(model, tokenizer, spans: list[Span], cfg: GuidedConfig) -> list[Guided
     for lo in range(0, len(order), cfg.search_rows):
         group, changed, tried, previous = order[lo : lo + cfg.search_rows], {}, {}, None
         for _ in range(cfg.max_rounds):
-            current = [Span(results[i].ids, spans[i].start, results[i].stop, changed.get(i), tried.get(i)) for i in group]
+            current = [
+                Span(results[i].ids, spans[i].start, results[i].stop, changed.get(i), tried.get(i), spans[i].target)
+                for i in group
+            ]
             firsts = [first_needed(s, cfg) for s in current]
             base = Pass(model, [s.ids for s in current], firsts, cfg.batch_rows, previous)
             edits = [e for k, s in enumerate(current) for e in candidate_edits(splitter, s, k, base, cfg)]
@@ -197,7 +228,7 @@ def guide(model, tokenizer, spans: list[Span], cfg: GuidedConfig) -> list[Guided
             gains = score_edits(model, current, base, edits, cfg)
             for edit, gain in zip(edits, gains, strict=True):
                 tried.setdefault(group[edit.row], {})[edit.key] = gain
-            taken = choose(edits, gains, cfg)
+            taken = choose(edits, gains, cfg, current)
             if not taken:
                 break
             changed = {}
@@ -212,23 +243,51 @@ def guide(model, tokenizer, spans: list[Span], cfg: GuidedConfig) -> list[Guided
                     result.nats += gain
                 result.ids = ids
                 changed[group[k]] = ranges
-            # Only rows that changed can change again, and their tokens before the first change are as they were.
-            kept = sorted(taken)
+            # Only rows that changed can change again, and their tokens before the first change are as they were; a
+            # row that reached the provider's count is done.
+            reached = {k for k in taken if spans[group[k]].target == results[group[k]].stop - spans[group[k]].start}
+            kept = sorted(set(taken) - reached)
+            if not kept:
+                break
             group, previous = [group[k] for k in kept], (base, kept)
     return results
 
 
-def guide_table(model, tokenizer, table: pa.Table, end_of_turn: EndOfTurn, cfg: GuidedConfig) -> tuple[pa.Table, dict]:
-    """Re-split the reply of every `guided` row of a reconstructed table; returns the table and what changed."""
-    picked = [i for i, method in enumerate(table.column("method").to_pylist()) if method == GUIDED]
-    if not picked:
-        return table, {"rows": 0, "changed": 0, "edits": 0, "nats": 0.0, "tokens": 0, "seconds": 0.0}
+def spot_checked(row_id: str, share: float) -> bool:
+    """A fixed pseudo-random `share` of rows, by id: the same rows every run."""
+    return share > 0 and int(hashlib.sha256(row_id.encode()).hexdigest()[:8], 16) < share * 2**32
+
+
+def to_search(row_id: str, span: Span, expected_reply: int | None, cfg: GuidedConfig) -> Span | None:
+    """The span to search, with the provider's count as its target; None when its one-pass length already has that
+    count (but for a `spot_check` share, searched without the count)."""
+    target = None if expected_reply is None else expected_reply - (len(span.ids) - span.stop)
+    if target == span.stop - span.start:
+        return span if spot_checked(row_id, cfg.spot_check) else None
+    return replace(span, target=target)
+
+
+def guide_table(model, tokenizer, table: pa.Table, end_of_turn: EndOfTurn, cfg: GuidedConfig) -> tuple[pa.Table, dict, set]:
+    """Re-split the reply of every `guided` row of a reconstructed table; returns the table, what changed, and the
+    ids of the rows it changed.
+
+    A row whose one-pass length is already the provider's count is not searched (but for a `spot_check` share);
+    a row whose length differs is searched toward that count; a row without a count is searched as it stands.
+    """
     rows = table.to_pylist()
-    spans = [reply_span(rows[i]["input_ids"], rows[i]["loss_mask"], end_of_turn) for i in picked]
+    picked, spans = [], []
+    for i, row in enumerate(rows):
+        if row["method"] != GUIDED:
+            continue
+        span = to_search(row["id"], reply_span(row["input_ids"], row["loss_mask"], end_of_turn), row["provider_reply_count"], cfg)
+        if span is not None:
+            picked.append(i)
+            spans.append(span)
     started = time.perf_counter()
-    results = guide(model, tokenizer, spans, cfg)
+    results = guide(model, tokenizer, spans, cfg) if spans else []
     seconds = time.perf_counter() - started
     tokens = codec(tokenizer)
+    changed = set()
     for i, span, result in zip(picked, spans, results, strict=True):
         if not result.edits:
             continue
@@ -240,15 +299,21 @@ def guide_table(model, tokenizer, table: pa.Table, end_of_turn: EndOfTurn, cfg: 
         row["loss_mask"] = [0] * span.start + [1] * (len(result.ids) - span.start) + row["loss_mask"][len(span.ids) :]
         row["num_tokens"] = len(row["input_ids"])
         row["num_trained"] = sum(row["loss_mask"])
+        changed.add(row["id"])
+    counted = [(s, r) for s, r in zip(spans, results, strict=True) if s.target is not None]
     stats = {
-        "rows": len(picked),
-        "changed": sum(bool(r.edits) for r in results),
+        "rows": sum(row["method"] == GUIDED for row in rows),
+        "searched": len(spans),
+        "changed": len(changed),
         "edits": sum(r.edits for r in results),
         "nats": round(sum(r.nats for r in results), 3),
         "tokens": sum(len(s.ids) for s in spans),
         "seconds": round(seconds, 3),
+        "off_count": len(counted),  # searched because the one-pass length was not the provider's count
+        "to_count": sum(r.stop - s.start == s.target for s, r in counted),  # ... and brought to it
     }
-    return conform("reconstructed", pa.Table.from_pylist(rows, schema=table.schema)), stats
+    table = conform("reconstructed", pa.Table.from_pylist(rows, schema=table.schema)) if changed else table
+    return table, stats, changed
 
 
 def reply_span(input_ids, loss_mask, end_of_turn: EndOfTurn) -> Span:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
-from tasks.config import ReconstructConfig, TargetConfig
+from tasks.config import CountConvention, ReconstructConfig, TargetConfig
 from tasks.contracts import MASK, TOKEN_IDS, conform, quarantine_row
+from tasks.reconstruct.counts import CountCheck, ReasoningSpan, Reported, check_counts, count_columns
 from tasks.reconstruct.guided import GUIDED
 from tasks.reconstruct.methods import Rebuilt, from_logprobs, from_server_ids, reencode
 from tasks.reconstruct.render import ChatTurn, RenderedTurn, RowError, parse_turn, render_turns
@@ -28,6 +30,8 @@ class RebuildResult:
     table: pa.Table
     quarantine: list[dict] = field(default_factory=list)
     end_of_turn: EndOfTurn | None = None
+    # Per row id: its generated text and where the reasoning sits in it (to count a re-split reply again).
+    spans: dict[str, tuple[str, ReasoningSpan | None]] = field(default_factory=dict)
 
 
 def choose_method(row: dict, methods: list[str]) -> str | None:
@@ -80,7 +84,17 @@ def check_rebuilt(turn: ChatTurn, rebuilt: Rebuilt, max_length: int) -> RowError
     return None
 
 
-def rows_table(turns: list[ChatTurn], rendered: list[RenderedTurn], rebuilt: list[Rebuilt]) -> pa.Table:
+def count_check(tokenizer, row: dict, turn: ChatTurn, rendered: RenderedTurn, rebuilt: Rebuilt, convention) -> CountCheck:
+    """The provider's counts against this row's rebuilt prompt and reply."""
+    prompt_len = int(np.flatnonzero(rebuilt.loss_mask)[0]) if rebuilt.loss_mask.any() else len(rebuilt.input_ids)
+    reply = rebuilt.input_ids[prompt_len:]
+    reported = Reported.of(row)
+    return check_counts(
+        tokenizer, prompt_len, reply, reported, convention, not turn.truncated, rendered.generated, rendered.reasoning
+    )
+
+
+def rows_table(turns: list[ChatTurn], rendered: list[RenderedTurn], rebuilt: list[Rebuilt], counts: list[CountCheck]) -> pa.Table:
     """A `reconstructed` table; token lists are built from flat numpy arrays, not Python lists."""
     lengths = np.fromiter((len(r.input_ids) for r in rebuilt), dtype=np.int32, count=len(rebuilt))
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32))
@@ -106,6 +120,7 @@ def rows_table(turns: list[ChatTurn], rendered: list[RenderedTurn], rebuilt: lis
             "finish_reason": [t.finish_reason for t in turns],
             "prompt_text": [r.prompt_text for r in rendered],
             "origin": [t.origin for t in turns],
+            **count_columns(counts),
         }
     )
     return conform("reconstructed", table)
@@ -125,7 +140,9 @@ def _refusal(row: dict, error: RowError) -> dict:
     return quarantine_row(STAGE, row.get("id"), row.get("source"), error.reason, error.detail, error.field)
 
 
-def prepare_rows(tokenizer, rows: list[dict], chat_format: ChatFormat, config: ReconstructConfig) -> Prepared:
+def prepare_rows(
+    tokenizer, rows: list[dict], chat_format: ChatFormat, config: ReconstructConfig, history_arguments: str = "object"
+) -> Prepared:
     """Parse and render (pure Python: this is what overlaps with the previous chunk's encode)."""
     prepared = Prepared([], [], [], [])
     parsed = []
@@ -135,7 +152,7 @@ def prepare_rows(tokenizer, rows: list[dict], chat_format: ChatFormat, config: R
         except RowError as e:
             prepared.quarantine.append(_refusal(row, e))
     turns = [t for _, t in parsed]
-    rendered = render_turns(tokenizer, turns, chat_format, config.echoed_reasoning) if turns else []
+    rendered = render_turns(tokenizer, turns, chat_format, config.echoed_reasoning, history_arguments) if turns else []
     for (row, turn), r in zip(parsed, rendered, strict=True):
         if isinstance(r, RowError):
             prepared.quarantine.append(_refusal(row, r))
@@ -147,12 +164,17 @@ def prepare_rows(tokenizer, rows: list[dict], chat_format: ChatFormat, config: R
 
 
 def finish_rows(
-    tokenizer, prepared: Prepared, target: TargetConfig, config: ReconstructConfig, end_of_turn: EndOfTurn
+    tokenizer,
+    prepared: Prepared,
+    target: TargetConfig,
+    config: ReconstructConfig,
+    end_of_turn: EndOfTurn,
+    conventions: Callable[[str], CountConvention],
 ) -> RebuildResult:
     """Get ids by each row's method, apply the per-row rules, table what passes."""
     results = rebuild_turns(tokenizer, prepared.rows, prepared.turns, prepared.rendered, list(config.methods), end_of_turn)
     quarantine = list(prepared.quarantine)
-    keep_turns, keep_rendered, keep_rebuilt = [], [], []
+    keep_turns, keep_rendered, keep_rebuilt, counts, spans = [], [], [], [], {}
     for row, turn, r, result in zip(prepared.rows, prepared.turns, prepared.rendered, results, strict=True):
         error = result if isinstance(result, RowError) else check_rebuilt(turn, result, target.max_length)
         if error is not None:
@@ -161,11 +183,20 @@ def finish_rows(
         keep_turns.append(turn)
         keep_rendered.append(r)
         keep_rebuilt.append(result)
-    return RebuildResult(rows_table(keep_turns, keep_rendered, keep_rebuilt), quarantine, end_of_turn)
+        counts.append(count_check(tokenizer, row, turn, r, result, conventions(turn.source)))
+        spans[turn.id] = (r.generated, r.reasoning)
+    return RebuildResult(rows_table(keep_turns, keep_rendered, keep_rebuilt, counts), quarantine, end_of_turn, spans)
 
 
-def rebuild_rows(tokenizer, rows: list[dict], target: TargetConfig, config: ReconstructConfig) -> RebuildResult:
-    """Generation rows -> reconstructed table + quarantine records (each naming the row, reason and field).
+def rebuild_rows(
+    tokenizer,
+    rows: list[dict],
+    target: TargetConfig,
+    config: ReconstructConfig,
+    conventions: Callable[[str], CountConvention] = lambda source: CountConvention(),
+) -> RebuildResult:
+    """Generation rows -> reconstructed table + quarantine records (each naming the row, reason and field), each
+    row's counts checked against the provider's under its source's convention (`conventions(source)`).
 
     Rows go through in chunks: `encode_threads` workers encode (the tokenizer releases the GIL, so
     they run on separate cores) while the caller's thread renders the next chunk.
@@ -177,10 +208,11 @@ def rebuild_rows(tokenizer, rows: list[dict], target: TargetConfig, config: Reco
     with ThreadPoolExecutor(max_workers=config.encode_threads, thread_name_prefix="reconstruct-encode") as encoders:
         in_flight: deque = deque()
         for chunk in chunks:
-            prepared = prepare_rows(tokenizer, chunk, chat_format, config)
-            in_flight.append(encoders.submit(finish_rows, tokenizer, prepared, target, config, end_of_turn))
+            prepared = prepare_rows(tokenizer, chunk, chat_format, config, target.history_arguments)
+            in_flight.append(encoders.submit(finish_rows, tokenizer, prepared, target, config, end_of_turn, conventions))
             while len(in_flight) > config.encode_threads:
                 results.append(in_flight.popleft().result())
         results.extend(f.result() for f in in_flight)
     table = pa.concat_tables([r.table for r in results])
-    return RebuildResult(table, [q for r in results for q in r.quarantine], end_of_turn)
+    spans = {k: v for r in results for k, v in r.spans.items()}
+    return RebuildResult(table, [q for r in results for q in r.quarantine], end_of_turn, spans)

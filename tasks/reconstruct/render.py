@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from tasks.reconstruct.counts import ReasoningSpan
 from tasks.target_model.chat import template_messages
 from tasks.target_model.formats import ChatFormat, Reply, RowError, ToolCall
 
@@ -53,6 +54,11 @@ class RenderedTurn:
     gen_start: int
     gen_end: int
     prompt_text: str
+    reasoning: ReasoningSpan | None = None  # where the reasoning sits in the generated text
+
+    @property
+    def generated(self) -> str:
+        return self.text[self.gen_start : self.gen_end]
 
 
 def _json_field(row: dict, field: str, kind: type) -> object:
@@ -173,7 +179,7 @@ def rendered_on(day: str | None):
         _REPLY_DAY.reset(token)
 
 
-def render_prompts(tokenizer, turns: list[ChatTurn]) -> list[str]:
+def render_prompts(tokenizer, turns: list[ChatTurn], history_arguments: str = "object") -> list[str]:
     """Each turn's prompt with the generation prompt, as the target rendered it on the day of its reply; one
     template call per distinct (tools, kwargs, day)."""
     groups: dict[str, list[int]] = defaultdict(list)
@@ -184,7 +190,7 @@ def render_prompts(tokenizer, turns: list[ChatTurn]) -> list[str]:
         first = turns[idx[0]]
         with rendered_on(reply_day(first.created)):
             texts = tokenizer.apply_chat_template(
-                [template_messages(turns[i].messages) for i in idx],
+                [template_messages(turns[i].messages, history_arguments) for i in idx],
                 tools=first.tools,
                 tokenize=False,
                 add_generation_prompt=True,
@@ -195,21 +201,40 @@ def render_prompts(tokenizer, turns: list[ChatTurn]) -> list[str]:
     return out
 
 
+def reasoning_span(reply: Reply, prompt: str, chat_format: ChatFormat, row_id: str) -> ReasoningSpan | None:
+    """Where the format writes the reasoning at the head of the generated text, between its markers (None: the reply
+    has none, or the format writes it in channels of its own, as gpt-oss's harmony does)."""
+    if chat_format.think is None or not reply.reasoning:
+        return None
+    block = chat_format.reasoning_text(reply, prompt, row_id)
+    if not block or not reply.reasoning:
+        return None
+    start = 0 if chat_format.thinking_state(prompt) == "open" else len(chat_format.think[0])
+    return ReasoningSpan(start, start + len(chat_format.layout_reasoning(reply.reasoning)), len(block))
+
+
 def render_turn(turn: ChatTurn, prompt: str, chat_format: ChatFormat, echoed: str) -> RenderedTurn:
-    completion = chat_format.completion(reply_of(turn, chat_format, echoed), prompt, turn.messages, turn.id)
-    return RenderedTurn(prompt + completion, len(prompt), len(prompt) + len(completion), prompt_plain_text(turn.messages))
+    reply = reply_of(turn, chat_format, echoed)
+    completion = chat_format.completion(reply, prompt, turn.messages, turn.id)
+    return RenderedTurn(
+        prompt + completion,
+        len(prompt),
+        len(prompt) + len(completion),
+        prompt_plain_text(turn.messages),
+        reasoning_span(reply, prompt, chat_format, turn.id),
+    )
 
 
 def render_turns(
-    tokenizer, turns: list[ChatTurn], chat_format: ChatFormat, echoed: str = "quarantine"
+    tokenizer, turns: list[ChatTurn], chat_format: ChatFormat, echoed: str = "quarantine", history_arguments: str = "object"
 ) -> list[RenderedTurn | RowError]:
     """Render every turn; a row the template or the format cannot express becomes its RowError."""
     try:
-        prompts = render_prompts(tokenizer, turns)
+        prompts = render_prompts(tokenizer, turns, history_arguments)
     except Exception:  # one bad row must not sink the batch: retry row by row to name it
         if len(turns) == 1:
             raise
-        return [r for t in turns for r in _render_one(tokenizer, t, chat_format, echoed)]
+        return [r for t in turns for r in _render_one(tokenizer, t, chat_format, echoed, history_arguments)]
     out: list[RenderedTurn | RowError] = []
     for turn, prompt in zip(turns, prompts, strict=True):
         try:
@@ -219,8 +244,10 @@ def render_turns(
     return out
 
 
-def _render_one(tokenizer, turn: ChatTurn, chat_format: ChatFormat, echoed: str) -> list[RenderedTurn | RowError]:
+def _render_one(
+    tokenizer, turn: ChatTurn, chat_format: ChatFormat, echoed: str, history_arguments: str
+) -> list[RenderedTurn | RowError]:
     try:
-        return render_turns(tokenizer, [turn], chat_format, echoed)
+        return render_turns(tokenizer, [turn], chat_format, echoed, history_arguments)
     except Exception as e:  # the template raised on this row's content
         return [RowError("template_error", "messages", f"row {turn.id!r}: chat template raised {type(e).__name__}: {e}")]

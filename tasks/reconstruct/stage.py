@@ -12,8 +12,9 @@ from prefect import task
 
 from tasks.completions import file_fingerprint, fingerprint
 from tasks.config import RunConfig
-from tasks.contracts import schema
+from tasks.contracts import COUNT_VERDICTS, REPLY_COUNT_MISMATCH, UNCOUNTED, schema
 from tasks.gates import enforce
+from tasks.reconstruct.counts import count_policy, recount_rows
 from tasks.reconstruct.guided import guide_table, guided_runs, text_methods
 from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.sharded import Shard, ShardedStage
@@ -22,7 +23,7 @@ from tasks.storage import read_table, write_table
 from tasks.target_model.chat import resolve_end_of_turn
 from tasks.target_model.loader import load_tokenizer, model_placement, shared_model
 
-GATE_COLUMNS = ["id", "num_tokens", "num_trained", "last_trained_id", "round_trip", "finish_reason"]
+GATE_COLUMNS = ["id", "num_tokens", "num_trained", "last_trained_id", "round_trip", "finish_reason", "count_verdict"]
 
 
 def plan_shards(config: RunConfig) -> list[Shard]:
@@ -51,16 +52,20 @@ def build_shard(config: RunConfig, shard: Shard) -> dict:
     tokenizer = load_tokenizer(config.target)
     rows = read_table("generations", Path(shard.source)).slice(shard.start, shard.stop - shard.start).to_pylist()
     methods = config.reconstruct.model_copy(update={"methods": text_methods(config)})
-    result = rebuild_rows(tokenizer, rows, config.target, methods)
-    table, guided = result.table, None
+    conventions = config.generate.count_convention
+    result = rebuild_rows(tokenizer, rows, config.target, methods, conventions)
+    table, guided, changed = result.table, None, set()
     if guided_runs(config):
         model = shared_model(config.target, *model_placement(config.compute))
-        table, guided = guide_table(model, tokenizer, table, result.end_of_turn, config.reconstruct.guided)
+        table, guided, changed = guide_table(model, tokenizer, table, result.end_of_turn, config.reconstruct.guided)
+    rebuilt = table.to_pylist()
+    recount_rows(rebuilt, changed, tokenizer, result.spans, lambda source: conventions(source).reasoning_markers)
+    rebuilt, refused = count_policy(rebuilt, config.reconstruct.count_mismatch, "reconstruct")
     out = stage_dir(config, "reconstruct")
     output, quarantine = shard.outputs
-    write_table("quarantine", result.quarantine, out / quarantine)
-    write_table("reconstructed", table, out / output)
-    return {"rows": table.num_rows, "quarantined": len(result.quarantine), "guided": guided}
+    write_table("quarantine", result.quarantine + refused, out / quarantine)
+    write_table("reconstructed", pa.Table.from_pylist(rebuilt, schema=table.schema), out / output)
+    return {"rows": len(rebuilt), "quarantined": len(result.quarantine) + len(refused), "guided": guided}
 
 
 def collect_quarantine(config: RunConfig, shards: list[Shard]) -> tuple[Path, int]:
@@ -73,8 +78,12 @@ def collect_quarantine(config: RunConfig, shards: list[Shard]) -> tuple[Path, in
 
 
 def gate_frame(config: RunConfig) -> pd.DataFrame:
-    """Scalar columns of the reconstructed table for the `reconstructed` suite."""
-    return read_table("reconstructed", stage_dir(config, "reconstruct"), columns=GATE_COLUMNS).to_pandas()
+    """Scalar columns of the reconstructed table for the `reconstructed` suite; `count_masked` marks the rows kept with
+    their loss mask off (reconstruct.count_mismatch: mask), which train nothing by design."""
+    frame = read_table("reconstructed", stage_dir(config, "reconstruct"), columns=GATE_COLUMNS).to_pandas()
+    masking = config.reconstruct.count_mismatch == "mask"
+    frame["count_masked"] = masking & (frame.pop("count_verdict") == REPLY_COUNT_MISMATCH) & (frame["num_trained"] == 0)
+    return frame
 
 
 def gate_parameters(config: RunConfig) -> dict:
@@ -86,9 +95,10 @@ def gate_parameters(config: RunConfig) -> dict:
 def summarize(config: RunConfig, shards: list[Shard], markers: list[dict]) -> dict:
     """Finish the stage: quarantine collected, counts by method."""
     quarantine_path, quarantined = collect_quarantine(config, shards)
-    table = read_table("reconstructed", stage_dir(config, "reconstruct"), columns=["method", "origin"])
+    table = read_table("reconstructed", stage_dir(config, "reconstruct"), columns=["method", "origin", "count_verdict"])
     methods = table.column("method").to_pylist()
     origins = [o or "target" for o in table.column("origin").to_pylist()]
+    verdicts = [v or UNCOUNTED for v in table.column("count_verdict").to_pylist()]
     return {
         "reconstructed": str(stage_dir(config, "reconstruct")),
         "quarantine": str(quarantine_path),
@@ -98,6 +108,7 @@ def summarize(config: RunConfig, shards: list[Shard], markers: list[dict]) -> di
         "shards_skipped": sum(m["skipped"] for m in markers),
         "methods": {m: methods.count(m) for m in sorted(set(methods))},
         "by_origin": {o: origins.count(o) for o in sorted(set(origins))},
+        "count_verdicts": {v: verdicts.count(v) for v in COUNT_VERDICTS if v in verdicts},
         "guided": sum_guided([m.get("guided") for m in markers]),
     }
 
@@ -115,10 +126,15 @@ def summary_markdown(summary: dict) -> str:
     origins = ", ".join(f"{n} {o}" for o, n in summary.get("by_origin", {}).items())
     text = f"# Reconstruct\n\n{summary['rows']} rows rebuilt ({methods}; origin {origins or 'none'}); "
     text += f"{summary['quarantined']} quarantined.\n"
+    if verdicts := summary.get("count_verdicts"):
+        text += "\nThe provider's token counts against the rebuilt ids: "
+        text += ", ".join(f"{n} {verdict}" for verdict, n in verdicts.items()) + ".\n"
     if g := summary.get("guided"):
         text += (
-            f"\nGuided: {g['changed']} of {g['rows']} text-only rows re-split ({g['edits']} edits, "
-            f"{g['nats']:.1f} nats gained), {1000 * g['seconds'] / max(1, g['tokens']):.2f} s per 1,000 tokens.\n"
+            f"\nGuided: {g['searched']} of {g['rows']} text-only rows searched (the rest already had the provider's "
+            f"count), {g['changed']} re-split ({g['edits']} edits, {g['nats']:.1f} nats gained); {g['to_count']} of "
+            f"{g['off_count']} rows off the count brought to it; {1000 * g['seconds'] / max(1, g['tokens']):.2f} s per "
+            "1,000 searched tokens.\n"
         )
     return text
 

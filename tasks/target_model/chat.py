@@ -30,12 +30,15 @@ def resolve_end_of_turn(tokenizer, target: TargetConfig) -> EndOfTurn:
     return EndOfTurn(text, verify_single_token(tokenizer, text), others)
 
 
-def template_messages(messages: list[dict]) -> list[dict]:
-    """Messages as serving engines hand them to a chat template: tool-call arguments as objects.
+def template_messages(messages: list[dict], history_arguments: str = "object") -> list[dict]:
+    """Messages as a serving engine hands them to a chat template: tool-call arguments as objects.
 
     The API carries arguments as JSON text; templates iterate them (`|items`) or re-serialize them
     (`|tojson`), so vLLM and SGLang decode them first. Text that is not a JSON object stays text.
+    `history_arguments: as_sent` leaves them as sent (Moonshot's own K2.5 template prints strings as given).
     """
+    if history_arguments == "as_sent":
+        return messages
     out = []
     for message in messages:
         calls = message.get("tool_calls") if isinstance(message, dict) else None

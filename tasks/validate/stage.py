@@ -10,7 +10,9 @@ from prefect import task
 
 from tasks.completions import file_fingerprint, fingerprint
 from tasks.config import RunConfig
+from tasks.contracts import UNCOUNTED
 from tasks.gates import enforce
+from tasks.reconstruct.counts import COUNT_COLUMNS, CountCheck, row_check
 from tasks.reconstruct.guided import GUIDED, guided_runs
 from tasks.reconstruct.methods import truth_ids
 from tasks.sharded import Shard, ShardedStage
@@ -19,7 +21,7 @@ from tasks.storage import atomic_path, read_table, write_table
 from tasks.target_model.chat import resolve_end_of_turn
 from tasks.target_model.loader import load_tokenizer, model_placement, shared_model
 from tasks.validate.classify import EXACT, UNVERIFIED, Verdict, classify_ids, through_turn_end
-from tasks.validate.report import SIMULATE, SIMULATE_GUIDED, rates_frame, report_markdown
+from tasks.validate.report import HINT_COLUMNS, SIMULATE, SIMULATE_GUIDED, convention_hints, rates_frame, report_markdown
 from tasks.validate.simulate import GUIDED_STATS, replay_rows, simulate_guided
 
 TRUTH_COLUMNS = [
@@ -31,10 +33,17 @@ TRUTH_COLUMNS = [
     "prompt_token_ids",
     "token_ids",
     "template_kwargs",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cached_tokens",
 ]
 
 
-def _record(row_id: str, source: str, method: str, mode: str, verdict: Verdict, round_trip: bool) -> dict:
+def _record(
+    row_id: str, source: str, method: str, mode: str, verdict: Verdict, round_trip: bool, counts: CountCheck | None
+) -> dict:
+    counted = counts is not None and counts.verdict != UNCOUNTED
     return {
         "id": row_id,
         "source": source,
@@ -45,6 +54,9 @@ def _record(row_id: str, source: str, method: str, mode: str, verdict: Verdict, 
         "truth_context": verdict.truth_context,
         "rebuilt_context": verdict.rebuilt_context,
         "round_trip": round_trip,
+        "count_verdict": counts.verdict if counts is not None else None,
+        "prompt_count_ok": counts.prompt_ok if counted else None,
+        "reply_count_ok": counts.reply_ok if counted else None,
     }
 
 
@@ -71,8 +83,9 @@ def build_part(config: RunConfig, part: Shard) -> dict:
     tokenizer = load_tokenizer(config.target)
     end_of_turn = resolve_end_of_turn(tokenizer, config.target)
     context = config.validation.context_tokens
-    columns = ["id", "source", "input_ids", "loss_mask", "method", "round_trip"]
+    columns = ["id", "source", "input_ids", "loss_mask", "method", "round_trip", *COUNT_COLUMNS]
     rebuilt = read_table("reconstructed", Path(part.source), columns=columns)
+    conventions = config.generate.count_convention
     truth_rows = load_truth(config, set(rebuilt.column("id").to_pylist()))
     records, playable = [], []
     for row in rebuilt.to_pylist():
@@ -87,18 +100,20 @@ def build_part(config: RunConfig, part: Shard) -> dict:
             ids = through_turn_end(np.asarray(row["input_ids"]), np.asarray(row["loss_mask"]))
             verdict = classify_ids(tokenizer, truth, ids, context)
             playable.append(generation)
-        records.append(_record(row["id"], row["source"], row["method"], "check", verdict, row["round_trip"]))
+        counts = row_check(row) if row["count_verdict"] is not None else None
+        records.append(_record(row["id"], row["source"], row["method"], "check", verdict, row["round_trip"], counts))
     guided = None
     if config.validation.simulate:
-        replayed = replay_rows(tokenizer, playable, config.target, end_of_turn)
+        replayed = replay_rows(tokenizer, playable, config.target, end_of_turn, conventions)
         for r in replayed:
             verdict = r.canonical(tokenizer, context)
-            records.append(_record(r.row["id"], r.row["source"], "reencode", SIMULATE, verdict, True))
+            records.append(_record(r.row["id"], r.row["source"], "reencode", SIMULATE, verdict, True, r.counts))
         if guided_runs(config):
             model = shared_model(config.target, *model_placement(config.compute))
-            verdicts, guided = simulate_guided(model, tokenizer, replayed, config.reconstruct.guided, context)
-            for row, verdict in verdicts:
-                records.append(_record(row["id"], row["source"], GUIDED, SIMULATE_GUIDED, verdict, True))
+            cfg = config.reconstruct.guided
+            verdicts, guided = simulate_guided(model, tokenizer, replayed, cfg, context, conventions)
+            for row, verdict, counts in verdicts:
+                records.append(_record(row["id"], row["source"], GUIDED, SIMULATE_GUIDED, verdict, True, counts))
     write_table("validation", records, stage_dir(config, "validate") / part.name)
     return {"rows": len(records), "guided": guided}
 
@@ -136,9 +151,10 @@ def summarize(config: RunConfig, parts: list[Shard], markers: list[dict]) -> dic
     with atomic_path(rates_path) as tmp:
         rates.to_parquet(tmp, index=False)
     guided = guided_by_source([m.get("guided") for m in markers])
+    hints = convention_hints(read_table("reconstructed", stage_dir(config, "reconstruct"), columns=HINT_COLUMNS).to_pandas())
     report_path = stage_dir(config, "validate") / "report.md"
     with atomic_path(report_path) as tmp:
-        text = report_markdown(rates, rows, config.validation.examples, guided, borrowed_sources(config))
+        text = report_markdown(rates, rows, config.validation.examples, guided, borrowed_sources(config), hints)
         tmp.write_text(text, encoding="utf-8")
     check = rates[rates["mode"] == "check"]
     return {
@@ -177,6 +193,10 @@ def gate_frame(config: RunConfig) -> pd.DataFrame:
             "bpe_only_rate": check["bpe_only_rate"].to_numpy(),
             "simulate_semantic_rate": simulate["semantic_rate"].fillna(0.0).to_numpy(),
             "simulate_bpe_only_rate": simulate["bpe_only_rate"].fillna(0.0).to_numpy(),
+            # Where nothing was counted, nothing contradicts the counts.
+            "count_agreement": check["count_agreement"].fillna(1.0).to_numpy(dtype="float64"),
+            "text_count_verified": check["text_count_verified"].fillna(1.0).to_numpy(dtype="float64"),
+            "prompt_mismatch_rate": check["prompt_mismatch_rate"].fillna(0.0).to_numpy(dtype="float64"),
         }
     )
     return frame.reset_index(drop=True)
@@ -190,6 +210,9 @@ def gate_parameters(config: RunConfig) -> dict:
         "max_simulate_semantic_rate": v.max_simulate_semantic_rate,
         "max_simulate_bpe_only_rate": v.max_simulate_bpe_only_rate,
         "min_verified_share": v.min_verified_share,
+        "min_count_agreement": v.min_count_agreement,
+        "min_count_verified_share": v.min_count_verified_share,
+        "max_prompt_mismatch_rate": v.max_prompt_mismatch_rate,
     }
 
 

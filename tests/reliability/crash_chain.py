@@ -79,7 +79,7 @@ def reliable_config(path: Path, base_url: str) -> Path:
     gen["sources"][0]["limit"], gen["sources"][1]["limit"] = 4, 2
     gen["journal_batch"] = JOURNAL_BATCH
     gen["api"] |= {"base_url": base_url, "provider": "openai", "concurrency": 1, "api_key_env": KEY_ENV}
-    # Canned text replies carry no token ids or logprobs: nothing can be verified, by design here.
+    # Canned text replies carry no token ids, logprobs or counts: nothing can be verified, by design here.
     data["validation"]["min_verified_share"] = 0.0
     path.write_text(yaml.safe_dump(data))
     return path
