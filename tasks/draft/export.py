@@ -1,8 +1,9 @@
 """Export the draft as SGLang (`--speculative-algorithm EAGLE3`) and vLLM (`method: eagle3`) load it.
 
-`config.json` is a Llama config with one layer plus the EAGLE-3 fields; `model.safetensors` holds
-exactly `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t` and `t2d`: no embedding,
-the engines take the target's. One export serves both engines when the aux layers are EAGLE-3's default
+`config.json` is a Llama config with one layer (a DeepSeek-V3 one for an MLA draft) plus the EAGLE-3 fields and
+EAGLE-3.1's switches; `model.safetensors` holds exactly `fc.weight` (and `fc_norm.{i}.weight` for 3.1),
+`midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t` and `t2d`: no embedding, the engines take the target's.
+One export serves both engines when the aux layers are EAGLE-3's default
 (the layer ids are then left out, and each engine captures its default), and when the draft vocabulary
 is the whole vocabulary `d2t` is left out (vLLM then has no parameter to load it into and refuses it).
 """
@@ -20,7 +21,9 @@ from tasks.draft.model import DraftConfig, Eagle3Draft
 from tasks.extract.backend import export_layer_ids
 from tasks.storage import atomic_path
 
-ARCHITECTURE = "LlamaForCausalLMEagle3"
+# What each engine instantiates for a draft of this shape (vLLM and SGLang both register these names).
+ARCHITECTURES = {"llama": "LlamaForCausalLMEagle3", "mla": "Eagle3DeepseekV2ForCausalLM"}
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 @dataclass(frozen=True)
@@ -43,14 +46,18 @@ def export_config(
     eagle = {"use_aux_hidden_state": True}
     if layer_ids is not None:
         eagle["eagle_aux_hidden_state_layer_ids"] = layer_ids
+    if cfg.arch == "mla":  # a DeepSeek-V3 config: latent sizes, one head set for keys and values, a dense MLP
+        attention = {"model_type": "deepseek_v3", "num_key_value_heads": cfg.num_attention_heads}
+        attention |= {name: getattr(cfg, name) for name in MLA_FIELDS}
+        attention |= {"n_routed_experts": None, "first_k_dense_replace": 1, "rope_interleave": True}
+    else:
+        attention = {"model_type": "llama", "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim}
     return {
-        "architectures": [ARCHITECTURE],
-        "model_type": "llama",
+        "architectures": [ARCHITECTURES[cfg.arch]],
+        **attention,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
         "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
         "num_hidden_layers": 1,
         "hidden_act": cfg.hidden_act,
         "rms_norm_eps": cfg.rms_norm_eps,
@@ -64,6 +71,10 @@ def export_config(
         "vocab_size": cfg.vocab_size,
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
+        # EAGLE-3.1 (read by vLLM and SGLang; both false is EAGLE-3), and the one-norm alternative to fc_norm.
+        "fc_norm": cfg.fc_norm,
+        "norm_output": cfg.norm_output,
+        "norm_before_fc": cfg.norm_before_fc,
         "eos_token_id": eos_token_id,
         "torch_dtype": dtype,
         "eagle_config": eagle,
@@ -129,7 +140,9 @@ def read_export_config(export_dir: Path) -> tuple[DraftConfig, list[int]]:
     """The draft config and the HF hidden_states indices of an export."""
     data = json.loads((Path(export_dir) / "config.json").read_text(encoding="utf-8"))
     fields = DraftConfig.__dataclass_fields__
-    cfg = DraftConfig(**{k: data[k] for k in fields if k in data})
+    arch = next(a for a, name in ARCHITECTURES.items() if name in data["architectures"])
+    head_dim = data.get("head_dim") or data["hidden_size"] // data["num_attention_heads"]
+    cfg = DraftConfig(**{k: data[k] for k in fields if k in data} | {"arch": arch, "head_dim": head_dim})
     meta = data.get("draftsmith") or {}
     if "aux_hidden_states_hf_indices" in meta:
         return cfg, list(meta["aux_hidden_states_hf_indices"])

@@ -1,8 +1,9 @@
-"""The EAGLE-3 draft: `fc` fuses three target layers, one Llama layer with 2H attention input, `lm_head`.
+"""The EAGLE-3 draft: `fc` fuses three target layers, one decoder layer with 2H attention input, `lm_head`.
 
-Names follow what SGLang's `LlamaForCausalLMEagle3` and vLLM's eagle3 loader read, so the state dict
-(minus the frozen target embedding) is the export. Shapes: B batch, T tokens, H draft hidden,
-H_t target hidden, N draft vocab, V target vocab.
+The layer's attention is Llama's or DeepSeek-V2's latent attention (MLA); EAGLE-3.1's switches add a norm per
+fused state (`fc_norm`) and feed the next unrolled step the post-norm state (`norm_output`). Names follow what
+SGLang's and vLLM's eagle3 loaders read, so the state dict (minus the frozen target embedding) is the export.
+Shapes: B batch, T tokens, H draft hidden, H_t target hidden, N draft vocab, V target vocab.
 """
 
 from __future__ import annotations
@@ -32,12 +33,27 @@ class DraftConfig:
     vocab_size: int
     draft_vocab_size: int
     hidden_act: str = "silu"
+    arch: str = "llama"  # llama | mla (DeepSeek-V2 latent attention)
+    fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per captured state before fc
+    norm_output: bool = False  # EAGLE-3.1: the next step reads the post-norm state
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated states before fc
+    # MLA only: the latent ranks and per-head widths (DeepSeek-V3's names).
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
 
     @classmethod
-    def from_target(cls, target_config: Any, draft_vocab_size: int, overrides: dict | None = None) -> DraftConfig:
-        """Copy the target's layer shape; the draft hidden size must equal it (the embedding is shared)."""
+    def from_target(
+        cls, target_config: Any, draft_vocab_size: int, overrides: dict | None = None, shape: dict | None = None
+    ) -> DraftConfig:
+        """Copy the target's layer shape; the draft hidden size must equal it (the embedding is shared). `shape`: the
+        arch and switches of `train.draft`. An MLA draft of a DeepSeek-V3 body copies its latent sizes; of another
+        target, sizes of the same proportions are derived from its head width."""
         rope = getattr(target_config, "rope_parameters", None) or {}
         heads = target_config.num_attention_heads
+        head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // heads
         values = {
             "hidden_size": target_config.hidden_size,
             "num_attention_heads": heads,
@@ -51,7 +67,17 @@ class DraftConfig:
             "vocab_size": target_config.vocab_size,
             "draft_vocab_size": min(draft_vocab_size, target_config.vocab_size),
             "hidden_act": getattr(target_config, "hidden_act", "silu"),
+            **(shape or {}),
         }
+        if values.get("arch") == "mla":
+            derived = {
+                "q_lora_rank": 6 * head_dim,
+                "kv_lora_rank": 4 * head_dim,
+                "qk_nope_head_dim": head_dim,
+                "qk_rope_head_dim": head_dim // 2,
+                "v_head_dim": head_dim,
+            }
+            values |= {k: getattr(target_config, k, None) or v for k, v in derived.items()}
         known = {f.name for f in fields(cls)}
         for key, value in (overrides or {}).items():
             if key not in known:
@@ -90,8 +116,43 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     return x * cos + rotated * sin
 
 
+def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding on consecutive pairs (x0, x1), (x2, x3), ... (DeepSeek's MLA layout: vLLM's and SGLang's
+    is_neox_style=False). x (B, h, T, d), positions (B, T)."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))  # (d/2,)
+    angles = (positions.float()[..., None] * inv_freq)[:, None]  # (B, 1, T, d/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: list, past: tuple | None) -> torch.Tensor:
+    """The training-time-test attention: causal over step 0's keys, and each later unrolled step's key only at the
+    same position (that step's own draft token). q, k (B, h, T, d_qk), v (B, h, T, d_v) -> (B, h, T, d_v).
+
+    `cache` holds (k, v) of earlier unrolled steps and gets this step's. `past` (step 0 only, at inference): step-0
+    keys/values of earlier positions, (B, h, P, d) each; the queries are then the last T of P + T positions.
+    """
+    T = q.shape[2]
+    if not cache and past is not None:
+        k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, h, P + T, d)
+    cache.append((k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    k0, v0 = cache[0]
+    T0 = k0.shape[2]
+    causal = torch.ones(T, T0, dtype=torch.bool, device=q.device).tril(diagonal=T0 - T)
+    scores = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # (B, h, T, T0)
+    diagonal = [(q * kj).sum(-1, keepdim=True) * scale for kj, _ in cache[1:]]  # (B, h, T, 1) each
+    probs = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
+    out = probs[..., :T0] @ v0  # (B, h, T, d_v)
+    for j, (_, vj) in enumerate(cache[1:]):
+        out = out + probs[..., T0 + j, None] * vj
+    return out
+
+
 class Eagle3Attention(nn.Module):
-    """Self-attention whose q/k/v read 2H features; keys of unrolled steps are seen only on the diagonal."""
+    """Llama self-attention whose q/k/v read 2H features (grouped-query heads, rotate-half rotary)."""
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()
@@ -103,11 +164,7 @@ class Eagle3Attention(nn.Module):
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: list, past: tuple | None = None) -> torch.Tensor:
-        """x (B, T, 2H), positions (B, T); `cache` holds (k, v) of earlier unrolled steps and gets this step's.
-
-        `past` (step 0 only, at inference): step-0 keys/values of earlier positions, (B, h, P, d) each;
-        the queries are then the last T of P + T positions.
-        """
+        """x (B, T, 2H), positions (B, T) -> (B, T, H); see `attend` for `cache` and `past`."""
         cfg = self.cfg
         B, T, _ = x.shape
         h, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -116,22 +173,41 @@ class Eagle3Attention(nn.Module):
         v = self.v_proj(x).view(B, T, kv, d).transpose(1, 2)
         q, k = rotate(q, positions, cfg.rope_theta), rotate(k, positions, cfg.rope_theta)
         k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)  # (B, h, T, d)
-        if not cache and past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, h, P + T, d)
-        cache.append((k, v))
-        scale = 1.0 / math.sqrt(d)
-        # Step 0 keys: causal over the target-fed positions. (B, h, T, T0)
-        k0, v0 = cache[0]
-        T0 = k0.shape[2]
-        causal = torch.ones(T, T0, dtype=torch.bool, device=x.device).tril(diagonal=T0 - T)
-        scores = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
-        # Later steps' keys: only the same position (that step's own draft token). (B, h, T, steps)
-        diagonal = [(q * kj).sum(-1, keepdim=True) * scale for kj, _ in cache[1:]]
-        probs = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
-        out = probs[..., :T0] @ v0  # (B, h, T, d)
-        for j, (_, vj) in enumerate(cache[1:]):
-            out = out + probs[..., T0 + j, None] * vj
+        out = attend(q, k, v, cache, past)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, h * d))  # (B, T, H)
+
+
+class MLAAttention(nn.Module):
+    """DeepSeek-V2 multi-head latent attention over 2H features: queries and keys/values each pass through a
+    low-rank latent; a shared rotary key part (MQA) joins each head's own part."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, nope, rope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.q_a_proj = nn.Linear(2 * cfg.hidden_size, cfg.q_lora_rank, bias=False)
+        self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.q_b_proj = nn.Linear(cfg.q_lora_rank, h * (nope + rope), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(2 * cfg.hidden_size, cfg.kv_lora_rank + rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (nope + v), bias=False)
+        self.o_proj = nn.Linear(h * v, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: list, past: tuple | None = None) -> torch.Tensor:
+        """x (B, T, 2H), positions (B, T) -> (B, T, H); see `attend` for `cache` and `past`."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        h, nope, rope, dv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))).view(B, T, h, nope + rope).transpose(1, 2)
+        q_nope, q_rope = q.split([nope, rope], dim=-1)  # (B, h, T, nope), (B, h, T, rope)
+        latent, k_rope = self.kv_a_proj_with_mqa(x).split([cfg.kv_lora_rank, rope], dim=-1)  # (B, T, r), (B, T, rope)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(B, T, h, nope + dv).transpose(1, 2)
+        k_nope, v = kv.split([nope, dv], dim=-1)  # (B, h, T, nope), (B, h, T, dv)
+        q_rope = rotate_pairs(q_rope, positions, cfg.rope_theta)
+        k_rope = rotate_pairs(k_rope[:, None], positions, cfg.rope_theta).expand(B, h, T, rope)  # one key for all heads
+        q, k = torch.cat([q_nope, q_rope], dim=-1), torch.cat([k_nope, k_rope], dim=-1)  # (B, h, T, nope + rope)
+        out = attend(q, k, v, cache, past)  # (B, h, T, dv)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, h * dv))  # (B, T, H)
 
 
 class Eagle3MLP(nn.Module):
@@ -152,7 +228,7 @@ class Eagle3DecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Eagle3Attention(cfg)
+        self.self_attn = MLAAttention(cfg) if cfg.arch == "mla" else Eagle3Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = Eagle3MLP(cfg)
 
@@ -165,6 +241,9 @@ class Eagle3DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+AUX_STATES = 3  # target layers fused by fc
+
+
 class Eagle3Draft(nn.Module):
     """fc -> midlayer -> norm -> lm_head, with the target's frozen embedding and the d2t/t2d vocab maps."""
 
@@ -173,7 +252,11 @@ class Eagle3Draft(nn.Module):
         self.cfg = cfg
         # The target's embedding: frozen and never saved (state_dict drops it).
         self.embed_tokens = nn.Embedding.from_pretrained(embed_weight.detach().clone(), freeze=True)
-        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        if cfg.norm_before_fc:
+            self.input_norm = RMSNorm(AUX_STATES * cfg.target_hidden_size, cfg.rms_norm_eps)
+        if cfg.fc_norm:  # EAGLE-3.1
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(AUX_STATES))
+        self.fc = nn.Linear(AUX_STATES * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = Eagle3DecoderLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
@@ -196,7 +279,12 @@ class Eagle3Draft(nn.Module):
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """Three concatenated target states -> draft hidden. (B, T, 3*H_t) -> (B, T, H)"""
-        return self.fc(aux.to(self.fc.weight.dtype))
+        x = aux.to(self.fc.weight.dtype)
+        if self.cfg.norm_before_fc:
+            x = self.input_norm(x)
+        if self.cfg.fc_norm:  # each captured state normalised on its own
+            x = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, x.chunk(AUX_STATES, dim=-1), strict=True)], -1)
+        return self.fc(x)
 
     def step(
         self,
@@ -206,10 +294,15 @@ class Eagle3Draft(nn.Module):
         cache: list,
         past: tuple | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft step. target_ids (B, T), hidden (B, T, H) -> (next hidden (B, T, H), logits (B, T, N))."""
+        """One draft step. target_ids (B, T), hidden (B, T, H) -> (next hidden (B, T, H), logits (B, T, N)).
+
+        The next step reads the pre-norm state (EAGLE-3), or the post-norm one the logits read (`norm_output`,
+        EAGLE-3.1), as the engines feed it.
+        """
         embeds = self.embed_tokens(target_ids).to(hidden.dtype)  # (B, T, H)
         out = self.midlayer(embeds, hidden, positions, cache, past)
-        return out, self.lm_head(self.norm(out))
+        normed = self.norm(out)
+        return (normed if self.cfg.norm_output else out), self.lm_head(normed)
 
     def forward(
         self,

@@ -16,6 +16,7 @@ from tasks.draft.curves import plot_curves, unrolled_steps
 from tasks.draft.export import ExportTarget, export_draft
 from tasks.draft.model import DraftConfig
 from tasks.draft.train import TargetPieces, read_metrics, train_draft
+from tasks.draft.ttt import window_tau_sim
 from tasks.gates import enforce
 from tasks.image_artifact import publish_image
 from tasks.stages import stage_dir
@@ -76,6 +77,7 @@ def gate_train(config: RunConfig) -> dict:
         "steps": last["step"],
         "loss": last["loss"],
         "loss_drop": float(frame["loss_drop"].iloc[0]),
+        "tau_sim": window_tau_sim(records),
         **{k: v for k, v in last.items() if k.startswith("acc_")},
     }
 
@@ -112,7 +114,7 @@ def publish_metrics(config: RunConfig) -> None:
 
     records = read_metrics(stage_dir(config, "train") / "metrics.jsonl")
     stride = max(1, len(records) // 100)
-    keep = [k for k in records[0] if k == "step" or k == "loss" or k.startswith(("loss_", "acc_")) or k == "lr"]
+    keep = [k for k in records[0] if k in ("step", "loss", "lr", "tau_sim") or k.startswith(("loss_", "acc_"))]
     rows = [{k: round(r[k], 5) if isinstance(r[k], float) else r[k] for k in keep} for r in records[::stride]]
     create_table_artifact(key="train-metrics", table=rows, description="Draft training metrics per step")
     last = records[-1]
@@ -122,6 +124,12 @@ def publish_metrics(config: RunConfig) -> None:
         f"| {i} | {last[f'loss_{i}']:.4f} | {last[f'acc_{i}']:.3f} | {last[f'acc_{i}_all']:.3f} |"
         for i in range(config.train.ttt_steps)
     ]
+    if (tau := window_tau_sim(records)) is not None:
+        lines += [
+            "",
+            f"τ_sim (last tenth of the steps): {tau:.3f}: the acceptance length greedy chain drafting would"
+            f" reach on the training positions at k = {config.train.ttt_steps} (evaluate measures the real one).",
+        ]
     lines += ["", f"curves: `{stage_dir(config, 'train') / 'curves.png'}`"]
     create_markdown_artifact(key="train-summary", markdown="\n".join(lines), description="Last step per unrolled step")
     publish_image("train-curves", stage_dir(config, "train") / "curves.png", "Draft loss and accuracy per unrolled step")

@@ -26,7 +26,7 @@ from tasks.config import RunConfig
 from tasks.draft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from tasks.draft.data import OfflineSource, OnlineSource, collate, plan_batches, rank_slice, read_meta
 from tasks.draft.model import DraftConfig, Eagle3Draft
-from tasks.draft.ttt import target_in_vocab, unroll
+from tasks.draft.ttt import simulated_tau, target_in_vocab, unroll, window_tau_sim
 from tasks.draft.vocab import build_draft_vocab, count_trained_tokens, load_vocab, save_vocab
 from tasks.extract.backend import default_aux_layer_ids
 from tasks.failpoints import failpoint
@@ -78,7 +78,7 @@ def prepare_vocab(config: RunConfig, rows, vocab_size: int, rank: int):
 
 def build_draft(config: RunConfig, pieces: TargetPieces, vocab) -> Eagle3Draft:
     """A fresh draft seeded by `compute.seed`; lm_head starts from the target's rows of the draft vocab."""
-    cfg = DraftConfig.from_target(pieces.config, vocab.size, config.train.draft_overrides)
+    cfg = DraftConfig.from_target(pieces.config, vocab.size, config.train.draft_overrides, config.train.draft.model_dump())
     return fresh_draft(config, cfg, pieces.embed, pieces.lm_head, vocab.d2t, vocab.t2d)
 
 
@@ -206,7 +206,10 @@ def train_draft(
     def note() -> str:
         last = records[-1] if records else None
         pace = f"{tokens_seen / (time.perf_counter() - started):.0f} tokens/s"
-        return f"loss {last['loss']:.3f}, acc_0 {last['acc_0']:.3f}, {pace}" if last else pace
+        if not last:
+            return pace
+        tau = window_tau_sim(records)
+        return f"loss {last['loss']:.3f}, acc_0 {last['acc_0']:.3f}, τ_sim {tau or 1.0:.3f}, {pace}"
 
     with ProgressLog("train", stop - step, "steps", note=note) if rank == 0 else contextlib.nullcontext() as progress:
         while step < stop:
@@ -223,7 +226,7 @@ def train_draft(
             batch["in_vocab"] = _in_vocab(mine, lengths, batch, in_vocab_cache, in_vocab_head, draft.t2d)
             with autocast:
                 scores = unroll(model, batch, draft_lm_head, tc.ttt_steps, tc.ttt_feed)
-            totals = torch.stack([torch.stack([s.count, s.correct, s.loss_sum.detach(), s.trained]) for s in scores])  # (k, 4)
+            totals = torch.stack([torch.stack([s.count, s.correct, s.loss_sum.detach(), s.trained, s.chained]) for s in scores])
             if world > 1:
                 dist.all_reduce(totals)
             # Each step's loss is a mean over the global batch; DDP averages gradients, hence the * world.
@@ -291,6 +294,7 @@ def _record(step, totals, decay, scheduler, grad_norm, tokens_seen, started) -> 
     counts, correct, sums, trained = totals[:, 0].clamp(min=1), totals[:, 1], totals[:, 2], totals[:, 3].clamp(min=1)
     losses = (sums / counts).tolist()
     record = {"step": step, "loss": sum(decay**i * v for i, v in enumerate(losses))}
+    record["tau_sim"] = simulated_tau(totals[:, 4].tolist(), float(totals[0, 3]))  # (k, 5): counts, ..., chained
     record.update({f"loss_{i}": v for i, v in enumerate(losses)})
     record.update({f"acc_{i}": v for i, v in enumerate((correct / counts).tolist())})  # over draftable targets
     record.update({f"acc_{i}_all": v for i, v in enumerate((correct / trained).tolist())})  # out-of-vocab as misses

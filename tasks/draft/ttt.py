@@ -5,7 +5,8 @@ token (step 0: fc(aux[t]) and x[t+1]); its target is the target's distribution a
 restricted to the draft vocab. Positions whose target argmax is outside the draft vocab, or whose
 predicted token is not trained (loss_mask 0), are masked. Accuracy is counted both over the positions
 trained on and over every position whose token is trained, out-of-vocabulary ones as misses
-(SpecForge's denominator, what acceptance sees).
+(SpecForge's denominator, what acceptance sees), and chained across steps for τ_sim (an estimate of the
+acceptance length while training).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class StepScores:
     count: torch.Tensor  # valid positions
     correct: torch.Tensor  # valid positions whose draft argmax equals the target argmax
     trained: torch.Tensor  # positions whose token is trained, draftable or not
+    chained: torch.Tensor  # positions whose drafted chain is right at every step so far (τ_sim's terms)
 
 
 def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -74,11 +76,25 @@ def unroll(
     fed = [shift_left(ids, 2 + i) for i in range(steps - 1)] if feed == "data" else None
     step_logits = draft(batch["aux"], shift_left(ids, 1), positions, steps, fed)  # step 0 reads x[t+1]
     scores = []
+    chain = torch.ones_like(base)  # (B, T): every step so far drafted its token right (an undraftable one breaks it)
     for i, logits in enumerate(step_logits):  # (B, T, N)
         valid = shift_left(base, 1 + i)  # (B, T)
         p = shift_left(target_p, 1 + i)  # (B, T, N)
         ce = -(p * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # (B, T)
         hit = (logits.argmax(-1) == shift_left(target_top, 1 + i)).float()
         every = shift_left(trained, 1 + i).sum()
-        scores.append(StepScores((ce * valid).sum(), valid.sum().detach(), (hit * valid).sum().detach(), every))
+        chain = chain * hit.detach() * valid
+        scores.append(StepScores((ce * valid).sum(), valid.sum().detach(), (hit * valid).sum().detach(), every, chain.sum()))
     return scores
+
+
+def simulated_tau(chained: list[float], trained: float) -> float:
+    """τ_sim = 1 + Σ_k (share of trained positions whose drafted chain is right through step k): the acceptance
+    length greedy chain drafting would reach on these positions, each step reading the data token before it."""
+    return 1.0 + sum(chained) / max(trained, 1.0)
+
+
+def window_tau_sim(records: list[dict]) -> float | None:
+    """τ_sim over the last tenth of the training steps' records (in a first epoch, rows not yet trained on)."""
+    window = [r["tau_sim"] for r in records[-max(1, len(records) // 10) :] if "tau_sim" in r]
+    return sum(window) / len(window) if window else None

@@ -24,8 +24,11 @@ construction.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -35,21 +38,53 @@ import torch
 from tasks.config import GuidedConfig, RunConfig
 from tasks.contracts import conform
 from tasks.reconstruct.tree_scoring import Pass, score_edits
-from tasks.target_model.loader import has_weights
+from tasks.target_model.loader import has_weights, memory_bytes, weight_bytes
 from tasks.target_model.tokens import EndOfTurn, byte_vocab, codec
 from tasks.validate.classify import through_turn_end
 
 GUIDED = "guided"
+log = logging.getLogger(__name__)
+
+
+def guided_unavailable(config: RunConfig) -> str | None:
+    """Why `guided` cannot score on this machine as configured (None: it can)."""
+    if config.reconstruct.guided.backend == "vllm":
+        if config.vllm.python or os.environ.get("DRAFTSMITH_VLLM_PYTHON"):
+            return None
+        return "reconstruct.guided.backend is vllm, but neither vllm.python nor $DRAFTSMITH_VLLM_PYTHON names a Python with vLLM"
+    if not has_weights(config.target):
+        return f"the target's weights are not here (target.source {config.target.source!r})"
+    size, room = weight_bytes(config.target), memory_bytes(config.compute.device)
+    if size > room:
+        return (
+            f"the target's weights ({size / 2**30:.0f} GiB) do not fit this machine's memory ({room / 2**30:.0f} GiB) for "
+            "the transformers backend: set reconstruct.guided.backend: vllm (with the vllm section extract uses)"
+        )
+    return None
 
 
 def guided_runs(config: RunConfig) -> bool:
-    """`guided` is configured and the target's weights are here to score with (else its rows are re-encoded)."""
-    return GUIDED in config.reconstruct.methods and has_weights(config.target)
+    """`guided` is configured and can score (else its rows are re-encoded, with a warning that says why)."""
+    if GUIDED not in config.reconstruct.methods:
+        return False
+    why = guided_unavailable(config)
+    if why is not None:
+        warn_once(f"guided: text-only rows are re-encoded in one pass instead: {why}")
+    return why is None
 
 
 def text_methods(config: RunConfig) -> list[str]:
-    """The configured methods, `guided` read as `reencode` where there are no weights to score with."""
+    """The configured methods, `guided` read as `reencode` where it cannot score."""
     return [m if m != GUIDED or guided_runs(config) else "reencode" for m in config.reconstruct.methods]
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
 
 
 @dataclass
@@ -229,28 +264,37 @@ def guide(model, tokenizer, spans: list[Span], cfg: GuidedConfig) -> list[Guided
             for edit, gain in zip(edits, gains, strict=True):
                 tried.setdefault(group[edit.row], {})[edit.key] = gain
             taken = choose(edits, gains, cfg, current)
-            if not taken:
-                break
-            changed = {}
-            for k, chosen in taken.items():
-                result, ids, ranges = results[group[k]], current[k].ids, []
-                for edit, gain in sorted(chosen, key=lambda p: -p[0].start):  # right to left keeps indices valid
-                    ids = ids[: edit.start] + list(edit.tokens) + ids[edit.stop :]
-                    shift = len(edit.tokens) - (edit.stop - edit.start)
-                    ranges = [(lo + shift, hi + shift) for lo, hi in ranges] + [(edit.start, edit.start + len(edit.tokens))]
-                    result.stop += shift
-                    result.edits += 1
-                    result.nats += gain
-                result.ids = ids
-                changed[group[k]] = ranges
+            changed = apply_edits(results, group, current, taken)
             # Only rows that changed can change again, and their tokens before the first change are as they were; a
             # row that reached the provider's count is done.
-            reached = {k for k in taken if spans[group[k]].target == results[group[k]].stop - spans[group[k]].start}
-            kept = sorted(set(taken) - reached)
+            kept = still_open(spans, results, group, taken)
             if not kept:
                 break
             group, previous = [group[k] for k in kept], (base, kept)
     return results
+
+
+def apply_edits(results: list[Guided], group: list[int], current: list[Span], taken: dict) -> dict[int, list]:
+    """Apply each row's chosen edits (right to left keeps indices valid); per changed row, the token ranges edited."""
+    changed = {}
+    for k, chosen in taken.items():
+        result, ids, ranges = results[group[k]], current[k].ids, []
+        for edit, gain in sorted(chosen, key=lambda p: -p[0].start):
+            ids = ids[: edit.start] + list(edit.tokens) + ids[edit.stop :]
+            shift = len(edit.tokens) - (edit.stop - edit.start)
+            ranges = [(lo + shift, hi + shift) for lo, hi in ranges] + [(edit.start, edit.start + len(edit.tokens))]
+            result.stop += shift
+            result.edits += 1
+            result.nats += gain
+        result.ids = ids
+        changed[group[k]] = ranges
+    return changed
+
+
+def still_open(spans: list[Span], results: list[Guided], group: list[int], taken: dict) -> list[int]:
+    """The rows (indices into `group`) to search again: those that changed and have not reached the provider's count."""
+    reached = {k for k in taken if spans[group[k]].target == results[group[k]].stop - spans[group[k]].start}
+    return sorted(set(taken) - reached)
 
 
 def spot_checked(row_id: str, share: float) -> bool:
@@ -267,9 +311,11 @@ def to_search(row_id: str, span: Span, expected_reply: int | None, cfg: GuidedCo
     return replace(span, target=target)
 
 
-def guide_table(model, tokenizer, table: pa.Table, end_of_turn: EndOfTurn, cfg: GuidedConfig) -> tuple[pa.Table, dict, set]:
-    """Re-split the reply of every `guided` row of a reconstructed table; returns the table, what changed, and the
-    ids of the rows it changed.
+def guide_table(
+    search: Callable[[list[Span]], list[Guided]], tokenizer, table: pa.Table, end_of_turn: EndOfTurn, cfg: GuidedConfig
+) -> tuple[pa.Table, dict, set]:
+    """Re-split the reply of every `guided` row of a reconstructed table with `search` (a backend's `guide`); returns
+    the table, what changed, and the ids of the rows it changed.
 
     A row whose one-pass length is already the provider's count is not searched (but for a `spot_check` share);
     a row whose length differs is searched toward that count; a row without a count is searched as it stands.
@@ -284,7 +330,7 @@ def guide_table(model, tokenizer, table: pa.Table, end_of_turn: EndOfTurn, cfg: 
             picked.append(i)
             spans.append(span)
     started = time.perf_counter()
-    results = guide(model, tokenizer, spans, cfg) if spans else []
+    results = search(spans) if spans else []
     seconds = time.perf_counter() - started
     tokens = codec(tokenizer)
     changed = set()

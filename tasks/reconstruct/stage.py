@@ -15,13 +15,14 @@ from tasks.config import RunConfig
 from tasks.contracts import COUNT_VERDICTS, REPLY_COUNT_MISMATCH, UNCOUNTED, schema
 from tasks.gates import enforce
 from tasks.reconstruct.counts import count_policy, recount_rows
+from tasks.reconstruct.engine_scoring import guided_search, stop_engines
 from tasks.reconstruct.guided import guide_table, guided_runs, text_methods
 from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.sharded import Shard, ShardedStage
 from tasks.stages import stage_dir
 from tasks.storage import read_table, write_table
 from tasks.target_model.chat import resolve_end_of_turn
-from tasks.target_model.loader import load_tokenizer, model_placement, shared_model
+from tasks.target_model.loader import load_tokenizer, model_placement
 
 GATE_COLUMNS = ["id", "num_tokens", "num_trained", "last_trained_id", "round_trip", "finish_reason", "count_verdict"]
 
@@ -56,8 +57,8 @@ def build_shard(config: RunConfig, shard: Shard) -> dict:
     result = rebuild_rows(tokenizer, rows, config.target, methods, conventions)
     table, guided, changed = result.table, None, set()
     if guided_runs(config):
-        model = shared_model(config.target, *model_placement(config.compute))
-        table, guided, changed = guide_table(model, tokenizer, table, result.end_of_turn, config.reconstruct.guided)
+        search = guided_search(config, tokenizer, stage_dir(config, "reconstruct"))
+        table, guided, changed = guide_table(search, tokenizer, table, result.end_of_turn, config.reconstruct.guided)
     rebuilt = table.to_pylist()
     recount_rows(rebuilt, changed, tokenizer, result.spans, lambda source: conventions(source).reasoning_markers)
     rebuilt, refused = count_policy(rebuilt, config.reconstruct.count_mismatch, "reconstruct")
@@ -93,7 +94,8 @@ def gate_parameters(config: RunConfig) -> dict:
 
 
 def summarize(config: RunConfig, shards: list[Shard], markers: list[dict]) -> dict:
-    """Finish the stage: quarantine collected, counts by method."""
+    """Finish the stage: quarantine collected, counts by method; an engine guided scored with is stopped."""
+    stop_engines()
     quarantine_path, quarantined = collect_quarantine(config, shards)
     table = read_table("reconstructed", stage_dir(config, "reconstruct"), columns=["method", "origin", "count_verdict"])
     methods = table.column("method").to_pylist()

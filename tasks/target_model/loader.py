@@ -140,6 +140,26 @@ def has_weights(cfg: TargetConfig) -> bool:
     return False
 
 
+def weight_bytes(cfg: TargetConfig) -> int:
+    """Bytes of the target's weight files (the GGUF for a GGUF target)."""
+    if cfg.source in ("demo", "gguf"):
+        return gguf_path(cfg).stat().st_size
+    if cfg.source == "hf_dir" and cfg.path is not None:
+        return sum(p.stat().st_size for pattern in ("*.safetensors", "*.bin") for p in Path(cfg.path).glob(pattern))
+    return 0
+
+
+def memory_bytes(device: str = "auto") -> int:
+    """Memory a model loaded on `device` can use: the GPU's for CUDA, else this machine's."""
+    import psutil
+
+    if pick_device(device).startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory
+    return psutil.virtual_memory().total
+
+
 def trust_remote_code(cfg: TargetConfig, directory: Path | None) -> bool:
     """Remote code only when the config turns it on; say so if the model asks for it and it is off."""
     if directory is not None and not cfg.trust_remote_code:

@@ -13,13 +13,14 @@ from tasks.config import RunConfig
 from tasks.contracts import UNCOUNTED
 from tasks.gates import enforce
 from tasks.reconstruct.counts import COUNT_COLUMNS, CountCheck, row_check
+from tasks.reconstruct.engine_scoring import guided_search, stop_engines
 from tasks.reconstruct.guided import GUIDED, guided_runs
 from tasks.reconstruct.methods import truth_ids
 from tasks.sharded import Shard, ShardedStage
 from tasks.stages import stage_dir
 from tasks.storage import atomic_path, read_table, write_table
 from tasks.target_model.chat import resolve_end_of_turn
-from tasks.target_model.loader import load_tokenizer, model_placement, shared_model
+from tasks.target_model.loader import load_tokenizer, model_placement
 from tasks.validate.classify import EXACT, UNVERIFIED, Verdict, classify_ids, through_turn_end
 from tasks.validate.report import HINT_COLUMNS, SIMULATE, SIMULATE_GUIDED, convention_hints, rates_frame, report_markdown
 from tasks.validate.simulate import GUIDED_STATS, replay_rows, simulate_guided
@@ -109,9 +110,9 @@ def build_part(config: RunConfig, part: Shard) -> dict:
             verdict = r.canonical(tokenizer, context)
             records.append(_record(r.row["id"], r.row["source"], "reencode", SIMULATE, verdict, True, r.counts))
         if guided_runs(config):
-            model = shared_model(config.target, *model_placement(config.compute))
+            search = guided_search(config, tokenizer, stage_dir(config, "validate"))
             cfg = config.reconstruct.guided
-            verdicts, guided = simulate_guided(model, tokenizer, replayed, cfg, context, conventions)
+            verdicts, guided = simulate_guided(search, tokenizer, replayed, cfg, context, conventions)
             for row, verdict, counts in verdicts:
                 records.append(_record(row["id"], row["source"], GUIDED, SIMULATE_GUIDED, verdict, True, counts))
     write_table("validation", records, stage_dir(config, "validate") / part.name)
@@ -145,6 +146,7 @@ def plan_parts(config: RunConfig) -> list[Shard]:
 
 def summarize(config: RunConfig, parts: list[Shard], markers: list[dict]) -> dict:
     """Rates table and markdown report from every validation part; returns paths, counts and the report."""
+    stop_engines()  # the engine simulate-guided scored with, if any
     rows = read_table("validation", stage_dir(config, "validate")).to_pandas()
     rates = rates_frame(rows)
     rates_path = stage_dir(config, "validate") / "rates.parquet"

@@ -131,7 +131,8 @@ def test_tree_forwards_are_packed_by_size():
 
 @pytest.mark.slow
 def test_guided_beside_canonical_per_source(demo_tokenizer, demo_model, replayed):
-    verdicts, stats = simulate_guided(demo_model, demo_tokenizer, replayed, GuidedConfig(), context=3)
+    search = lambda spans: guide(demo_model, demo_tokenizer, spans, GuidedConfig())  # noqa: E731
+    verdicts, stats = simulate_guided(search, demo_tokenizer, replayed, GuidedConfig(), context=3)
     assert len(verdicts) == len(replayed)
     (figures,) = stats.values()
     assert figures["rows"] == len(replayed) and figures["changed"] >= 1 and figures["exact_lost"] == 0
@@ -152,3 +153,26 @@ def test_guided_needs_weights_and_falls_back_to_reencode_without_them():
     assert guided_runs(demo) and text_methods(demo) == ["logprobs", "guided"]
     bare = RunConfig(target={"source": "tokenizer_json", "path": "tokenizer.json"}, reconstruct=methods)
     assert not guided_runs(bare) and text_methods(bare) == ["logprobs", "reencode"]
+
+
+def test_a_target_too_large_for_transformers_falls_back_with_a_warning_that_says_why(tmp_path, monkeypatch, caplog):
+    """A model directory whose weights exceed this machine's memory, and a vLLM backend with no vLLM to run: text-only
+    rows are re-encoded in one pass, never a crash, and the log says why and what to set."""
+    import logging
+
+    from tasks.reconstruct.guided import guided_runs, text_methods
+    from tests.support.kimi_target import kimi_model_dir
+
+    directory = kimi_model_dir(tmp_path / "kimi")
+    with open(directory / "model-00001-of-00064.safetensors", "wb") as f:
+        f.truncate(2**40)  # 1 TiB, sparse: its size is all that is read
+    target = {"source": "hf_dir", "path": str(directory), "trust_remote_code": True, "model": "moonshotai/kimi-k2.5"}
+    caplog.set_level(logging.WARNING, logger="tasks.reconstruct.guided")
+    big = RunConfig(target=target, reconstruct={"methods": ["logprobs", "guided"]})
+    assert not guided_runs(big) and text_methods(big) == ["logprobs", "reencode"]
+    assert "do not fit this machine's memory" in caplog.text and "reconstruct.guided.backend: vllm" in caplog.text
+    monkeypatch.delenv("DRAFTSMITH_VLLM_PYTHON", raising=False)
+    engine = big.model_copy(update={"reconstruct": big.reconstruct.model_copy(update={"guided": GuidedConfig(backend="vllm")})})
+    assert text_methods(engine) == ["logprobs", "reencode"] and "neither vllm.python nor" in caplog.text
+    with_vllm = engine.model_copy(update={"vllm": engine.vllm.model_copy(update={"python": "/opt/vllm/bin/python"})})
+    assert guided_runs(with_vllm)  # the engine holds the weights: their size here does not matter

@@ -102,6 +102,13 @@ def test_generate_in_vllm_shape_gives_check_exact_rows(tmp_path, prefect_harness
     rows, exact = int(check["rows"].sum()), int(check["exact"].sum())
     FIGURES["rows exact in check mode"] = f"{exact}/{rows}"
     assert rows >= 20 and exact == rows
+    # vLLM's own counts against its own ids (the convention holds), and what they tell of one-pass text rebuilds.
+    simulate = rates[rates["mode"] == "simulate"]
+    FIGURES["vLLM's counts: agreement with its ids / one-pass precision / recall"] = (
+        f"{check['count_agreement'].iloc[0]:.0%} / {simulate['count_precision'].iloc[0]:.0%} / "
+        f"{simulate['count_recall'].iloc[0] if simulate['count_recall'].notna().all() else float('nan'):.0%}"
+    )
+    assert (check["count_agreement"] == 1.0).all()
     report = json.loads((config.run_dir / "generations" / "summary.json").read_text())
     FIGURES["vLLM's own split of the latency p50: queued / computing / round trip"] = (
         f"{report['server_queue_p50_s']:.2f} / {report['server_p50_s']:.2f} / {report['latency_p50_s']:.2f} s"
@@ -144,6 +151,35 @@ def test_evaluate_on_vllm_loads_the_export_as_is_and_agrees_on_tau(tmp_path, dem
     assert theirs["target_forwards"] > 0 and len(theirs["per_position_acceptance"]) == k
     assert abs(theirs["acceptance_length"] - ours["acceptance_length"]) <= 0.05
     assert abs(theirs["untrained_acceptance_length"] - ours["untrained_acceptance_length"]) <= 0.05
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [{"fc_norm": True, "norm_output": True}, {"arch": "mla", "fc_norm": True, "norm_output": True}],
+    ids=["3.1", "mla-3.1"],
+)
+def test_vllm_serves_the_newer_draft_shapes_as_trained(tmp_path, demo_tokenizer, demo_model, plain_server, shape):
+    """An EAGLE-3.1 export (fc_norm, norm_output) and an MLA one (`Eagle3DeepseekV2ForCausalLM`) served unedited by
+    vLLM: its speculative output is its greedy output and its τ is draftsmith's within 0.05."""
+    from tasks.draft.stage import run_train
+    from tasks.draft.train import pieces_from_model
+    from tasks.evaluate.stage import evaluate_draft
+    from tests.tasks.draft_fixture import write_run
+
+    name = "mla" if shape.get("arch") == "mla" else "v31"
+    write_run(tmp_path / name, demo_tokenizer, demo_model, n_eval=6)
+    train = {"draft_vocab_size": 512, "ttt_steps": 3, "batch_tokens": 256, "lr": 3e-3, "max_steps": 40, "draft": shape}
+    evaluate = {"num_prompts": 6, "max_new_tokens": 24, "num_draft_tokens": 3, "min_tau_gain": None}
+    config = engine_config(tmp_path, name, plain_server, train=train, evaluate=evaluate)
+    run_train(config, pieces_from_model(demo_model, keep_model=False))
+    ours = evaluate_draft(config, demo_model)
+    on_vllm = config.model_copy(update={"evaluate": config.evaluate.model_copy(update={"engine": "vllm"})})
+    theirs = evaluate_draft(on_vllm, out=tmp_path / name / "eval-vllm")
+    FIGURES[f"{name} export: τ draftsmith / vLLM; identical to greedy"] = (
+        f"{ours['acceptance_length']:.3f} / {theirs['acceptance_length']:.3f}; {theirs['identical']}/{theirs['prompts']}"
+    )
+    assert theirs["identical"] == theirs["prompts"] == 6
+    assert abs(theirs["acceptance_length"] - ours["acceptance_length"]) <= 0.05
 
 
 def test_extract_through_vllm_matches_the_transformers_backend(tmp_path, demo_tokenizer, prefect_harness, plain_server):
@@ -211,3 +247,58 @@ def table():
         print("\n\n| vLLM 0.32 (CPU) check | figure |\n|---|---|")
         for name, value in FIGURES.items():
             print(f"| {name} | {value} |")
+
+
+def test_guided_through_vllm_reaches_the_transformers_backend(demo_tokenizer, demo_model, plain_server):
+    """The same text-only rows (sampled replies played through the text API, with the provider's counts) re-split by
+    guided scoring in this process and by the engine's prompt log-probabilities: the same exact rows within 1%, the
+    same count verdicts, no exact row lost, nothing semantic."""
+    import time
+
+    import torch
+
+    from bench.simulate_reencode import sharegpt_prompts
+    from tasks.config import GuidedConfig
+    from tasks.reconstruct.counts import recount
+    from tasks.reconstruct.engine_scoring import EngineScorer, guide_with_engine
+    from tasks.reconstruct.guided import guide, to_search
+    from tasks.target_model.chat import resolve_end_of_turn
+    from tasks.validate.simulate import replay_rows
+    from tests.support.sample import sample_generations
+
+    torch.set_num_threads(1)
+    target = TargetConfig()
+    eot = resolve_end_of_turn(demo_tokenizer, target)
+    rows = sample_generations(demo_model, demo_tokenizer, sharegpt_prompts(40, 400), eot, max_new_tokens=64)
+    replayed = [r for r in replay_rows(demo_tokenizer, rows, target, eot) if r.span is not None]
+    cfg = GuidedConfig()
+    plans = [to_search(r.row["id"], r.span, r.counts.expected_reply, cfg) for r in replayed]
+    searched = [p for p in plans if p is not None]
+    scorer = EngineScorer(plain_server.url, target.model, cfg.engine_concurrency)
+    backends = {
+        "transformers": lambda spans: guide(demo_model, demo_tokenizer, spans, cfg),
+        "vllm": lambda spans: guide_with_engine(scorer, demo_tokenizer, spans, cfg),
+    }
+    outcome = {}
+    for name, search in backends.items():
+        started = time.perf_counter()
+        found = iter(search(searched))
+        seconds = time.perf_counter() - started
+        ids = [next(found).ids if p is not None else r.span.ids for r, p in zip(replayed, plans, strict=True)]
+        classes = [r.verdict(demo_tokenizer, i).klass for r, i in zip(replayed, ids, strict=True)]
+        counted = [
+            recount(r.counts, demo_tokenizer, i[r.span.start :], *r.generated, False) for r, i in zip(replayed, ids, strict=True)
+        ]
+        verdicts = [c.verdict for c in counted]
+        outcome[name] = (classes, verdicts)
+        FIGURES[f"guided, {name} backend: exact rows / rows/s"] = (
+            f"{classes.count('exact')}/{len(classes)} / {len(searched) / seconds:.2f} rows/s searched ({len(searched)} rows)"
+        )
+    FIGURES["guided, vllm backend: prompt tokens sent per searched row"] = f"{scorer.tokens_scored / max(1, len(searched)):.0f}"
+    before = [r.canonical(demo_tokenizer).klass for r in replayed]
+    for classes, _ in outcome.values():
+        assert "semantic" not in classes
+        assert not [i for i, (b, a) in enumerate(zip(before, classes, strict=True)) if b == "exact" and a != "exact"]
+    exact = {name: classes.count("exact") for name, (classes, _) in outcome.items()}
+    assert abs(exact["vllm"] - exact["transformers"]) <= 0.01 * len(replayed), exact
+    assert outcome["vllm"][1] == outcome["transformers"][1]  # the same count verdicts
