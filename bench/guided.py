@@ -15,7 +15,6 @@ forward pass over the same rows (same model, same threads, batched by length the
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections import Counter
@@ -116,7 +115,9 @@ def main() -> None:
                 f"| {temperature} | {len(spans)} | {name} | {split(Counter(after), len(spans))} | {lost} | {n} "
                 f"| {seconds / tokens:.2f} | {seconds / extract_s:.2f}x | {ratio} |"
             )
-        print(f"\ncounts at T={temperature}: count matched -> exact | not exact -> count mismatched: {count_figures(spans, before)}")
+        print(
+            f"\ncounts at T={temperature}: count matched -> exact | not exact -> count mismatched: {count_figures(spans, before)}"
+        )
         reached = sum(s.counts.expected_reply == len(i) - s.span.start for s, i in zip(spans, counted, strict=True))
         print(f"rows at the provider's count after the count-driven search: {reached} of {len(spans)}\n")
 

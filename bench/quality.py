@@ -108,45 +108,52 @@ def build_pool(demo: RunConfig, work: Path, rows: int, per_kind: int, guided: bo
     return pool
 
 
-def rows_for(pool: RunConfig, budget: int) -> tuple[int, int]:
-    """(rows, tokens): the fewest training rows, in merge's draw order, whose tokens reach `budget` (or all)."""
+def rows_for(run: RunConfig, budget: int, source: str = "train", column: str = "num_tokens") -> tuple[int, int]:
+    """(rows, tokens): the fewest rows of `source` in `run`'s reconstructed table, in merge's draw order, whose
+    `column` (num_tokens, or num_trained for loss-masked tokens) reaches `budget` (or all of them)."""
     from tasks.merge.hashing import hash_strings, shuffle_key
 
-    table = read_table("reconstructed", stage_dir(pool, "reconstruct"), columns=["id", "source", "num_tokens"])
-    table = table.filter(table.column("source").to_numpy(zero_copy_only=False) == "train")
-    order = hash_strings(table.column("id").combine_chunks(), key=shuffle_key(pool.compute.seed, "train")).argsort(kind="stable")
-    tokens = table.column("num_tokens").to_numpy()[order].cumsum()
+    table = read_table("reconstructed", stage_dir(run, "reconstruct"), columns=["id", "source", column])
+    table = table.filter(table.column("source").to_numpy(zero_copy_only=False) == source)
+    order = hash_strings(table.column("id").combine_chunks(), key=shuffle_key(run.compute.seed, source)).argsort(kind="stable")
+    tokens = table.column(column).to_numpy()[order].cumsum()
     rows = min(len(tokens), int((tokens < budget).sum()) + 1)  # a budget beyond the pool takes it all, for several epochs
     return rows, int(tokens[rows - 1])
+
+
+def held_out_sources(pool: RunConfig) -> list[dict]:
+    """The fixed held-out prompts, from the pool: merge sources that hold all of their rows out."""
+    reconstructed = str(stage_dir(pool, "reconstruct"))
+    return [{"name": kind, "path": reconstructed, "split": "eval"} for kind in ("heldout_chat", "heldout_code")]
+
+
+def run_settings(demo: RunConfig, args, steps: int, variant: str = "3.0") -> dict:
+    """The train and evaluate sections every budget and arm uses: `steps` steps, evaluation without a gate."""
+    train = {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps}
+    train |= {"adam_betas": [0.9, 0.999], "dtype": "auto"}  # torch's betas, for an epoch or more; bf16 where native
+    train |= {"draft": VARIANTS[variant]} | ({"ttt_steps": args.ttt_steps} if args.ttt_steps else {})
+    evaluate = {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.ks[0]}
+    evaluate |= {"min_tau_gain": None, "min_acceptance_length": 0.0, "min_first_acceptance": 0.0}
+    return {
+        "train": demo.train.model_dump(mode="json") | train,
+        "evaluate": demo.evaluate.model_dump(mode="json") | evaluate,
+    }
 
 
 def budget_config(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args, steps: int, variant: str = "3.0") -> RunConfig:
     """The run that trains `steps` on the budget's rows: merge, extract and train settings, evaluation without a gate."""
     rows, _ = rows_for(pool, budget)
     reconstructed = str(stage_dir(pool, "reconstruct"))
-    merge = {
-        "sources": [
-            {"name": "train", "path": reconstructed, "split": "train", "max_rows": rows, "drop_truncated": False},
-            {"name": "heldout_chat", "path": reconstructed, "split": "eval"},
-            {"name": "heldout_code", "path": reconstructed, "split": "eval"},
-        ]
-    }
-    train = {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps}
-    train |= {"adam_betas": [0.9, 0.999], "dtype": "auto"}  # torch's betas, for an epoch or more; bf16 where native
-    train |= {"draft": VARIANTS[variant]} | ({"ttt_steps": args.ttt_steps} if args.ttt_steps else {})
-    suffix = (
-        "" if variant == "3.0" and not args.ttt_steps else f"-{variant}" + (f"-ttt{args.ttt_steps}" if args.ttt_steps else "")
-    )
+    train_rows = {"name": "train", "path": reconstructed, "split": "train", "max_rows": rows, "drop_truncated": False}
+    ttt = f"-ttt{args.ttt_steps}" if args.ttt_steps else ""
+    suffix = "" if variant == "3.0" and not ttt else f"-{variant}{ttt}"
     return RunConfig.model_validate(
         demo.model_dump(mode="json")
         | {
             "name": f"budget-{budget}-{args.train_mode}{suffix}",
             "runs_dir": str(work),
-            "merge": demo.merge.model_dump(mode="json") | merge,
-            "train": demo.train.model_dump(mode="json") | train,
-            "evaluate": demo.evaluate.model_dump(mode="json")
-            | {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.ks[0]}
-            | {"min_tau_gain": None, "min_acceptance_length": 0.0, "min_first_acceptance": 0.0},
+            "merge": demo.merge.model_dump(mode="json") | {"sources": [train_rows, *held_out_sources(pool)]},
+            **run_settings(demo, args, steps, variant),
         }
     )
 
@@ -175,10 +182,22 @@ def tau_sigma(results: Path, draws: int = 5000, seed: int = 0) -> float:
 def tau_by_vllm(config: RunConfig, k: int) -> float:
     """The same export and prompts through vLLM's own speculative decoding (the venv `make test-vllm` builds),
     reported beside draftsmith's in `eval-vllm/`."""
+    return vllm_summary(config, k)["acceptance_length"]
+
+
+def vllm_summary(config: RunConfig, k: int) -> dict:
+    """vLLM's evaluation of the run's export at k: τ, per-position acceptance, greedy and speculative tokens/s."""
     from tasks.evaluate.stage import evaluate_draft
 
-    vllm = at_k(config, k).model_copy(update={"evaluate": at_k(config, k).evaluate.model_copy(update={"engine": "vllm"})})
-    return evaluate_draft(vllm, out=eval_dir(config, k, "vllm"))["acceptance_length"]
+    decoding = at_k(config, k)
+    # Eager mode: the CPU build recompiles at every start (60-120 s on 2 cores), and τ does not depend on kernels.
+    vllm = decoding.model_copy(
+        update={
+            "evaluate": decoding.evaluate.model_copy(update={"engine": "vllm"}),
+            "vllm": decoding.vllm.model_copy(update={"args": [*decoding.vllm.args, "--enforce-eager"]}),
+        }
+    )
+    return evaluate_draft(vllm, out=eval_dir(config, k, "vllm"))
 
 
 def share_inputs(base: RunConfig, config: RunConfig) -> None:
@@ -192,10 +211,6 @@ def share_inputs(base: RunConfig, config: RunConfig) -> None:
 
 def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) -> list[dict]:
     """Merge and (offline) extract the budget once, then train and evaluate each draft variant on them."""
-    from tasks.draft.data import plan_batches
-    from tasks.draft.stage import run_train
-    from tasks.draft.train import load_target_pieces, pieces_from_model
-    from tasks.evaluate.stage import evaluate_draft
     from tasks.extract.stage import EXTRACT
     from tasks.merge.stage import run_merge
     from tasks.target_model.loader import load_model
@@ -205,8 +220,7 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
     merged = stage_dir(merging, "merge")
     manifest = json.loads((merged / "manifest.json").read_text())
     rows, tokens = manifest["counts"]["train"]["train"], manifest["counts"]["train"]["train_tokens"]  # after merge's filters
-    lengths = read_table("merged", merged / "train", columns=["num_tokens"]).column("num_tokens")
-    per_epoch = len(plan_batches(lengths.to_pylist(), demo.train.batch_tokens, demo.compute.seed, 0))
+    per_epoch = batches_per_epoch(merged, demo)
     epochs = max(args.epochs, budget / tokens)  # a budget beyond the pool: as many epochs over all of it
     steps = max(10, round(epochs * per_epoch))
     target = load_model(demo.target, dtype="float32")
@@ -219,40 +233,52 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
         config = budget_config(demo, pool, work, budget, args, steps, variant)
         if config.name != merging.name:
             share_inputs(merging, config)
-        started = time.perf_counter()
-        online = args.train_mode == "online"  # the target in the loop runs in the compute dtype, as extract does
-        pieces = load_target_pieces(config, keep_model=True) if online else pieces_from_model(target, False)
-        trained = run_train(config, pieces)
-        train_s = time.perf_counter() - started
-        result = {
-            "budget": budget,
-            "variant": variant,
-            "rows": rows,
-            "tokens": tokens,
-            "steps": trained["step"],
-            "epochs": round(trained["step"] / per_epoch, 2),
-            "extract_s": round(extract_s, 1),
-            "train_s": round(train_s, 1),
-            "train_tokens_per_s": trained["tokens_per_s"],
-            "tau_sim": trained["gate"]["tau_sim"],
-        }
-        for k in args.ks:
-            decoded = evaluate_draft(at_k(config, k), target, out=eval_dir(config, k))
-            result[f"tau_k{k}"] = decoded["acceptance_length"]
-            result[f"sigma_k{k}"] = tau_sigma(Path(decoded["results"]))
-            result[f"per_position_k{k}"] = decoded["per_position_acceptance"]
-            result[f"tau_vllm_k{k}"] = tau_by_vllm(config, k) if args.vllm else None
-            if k == args.ks[0]:
-                result |= {
-                    "tau": decoded["acceptance_length"],
-                    "tau_vllm": result[f"tau_vllm_k{k}"],
-                    "per_position": decoded["per_position_acceptance"],
-                    "greedy_tokens_per_s": decoded["greedy_tokens_per_s"],
-                    "speculative_tokens_per_s": decoded["speculative_tokens_per_s"],
-                    "prompts": decoded["prompts"],
-                }
-        out.append(result)
+        result = {"budget": budget, "variant": variant, "rows": rows, "tokens": tokens, "extract_s": round(extract_s, 1)}
+        out.append(result | train_and_score(config, target, args, per_epoch))
     return out
+
+
+def batches_per_epoch(merged: Path, demo: RunConfig) -> int:
+    """Optimizer steps in one epoch over a merged train split (rows packed by length into batches)."""
+    from tasks.draft.data import plan_batches
+
+    lengths = read_table("merged", merged / "train", columns=["num_tokens"]).column("num_tokens").to_pylist()
+    return len(plan_batches(lengths, demo.train.batch_tokens, demo.compute.seed, 0))
+
+
+def train_and_score(config: RunConfig, target, args, per_epoch: int) -> dict:
+    """Train the run's draft (its merged rows and hidden states in place), then decode the held-out prompts at each k
+    (and by vLLM with --vllm): the figures of one row of the table."""
+    from tasks.draft.stage import run_train
+    from tasks.draft.train import load_target_pieces, pieces_from_model
+    from tasks.evaluate.stage import evaluate_draft
+
+    started = time.perf_counter()
+    online = args.train_mode == "online"  # the target in the loop runs in the compute dtype, as extract does
+    trained = run_train(config, load_target_pieces(config, keep_model=True) if online else pieces_from_model(target, False))
+    result = {
+        "steps": trained["step"],
+        "epochs": round(trained["step"] / per_epoch, 2),
+        "train_s": round(time.perf_counter() - started, 1),
+        "train_tokens_per_s": trained["tokens_per_s"],
+        "tau_sim": trained["gate"]["tau_sim"],
+    }
+    for k in args.ks:
+        decoded = evaluate_draft(at_k(config, k), target, out=eval_dir(config, k))
+        result[f"tau_k{k}"] = decoded["acceptance_length"]
+        result[f"sigma_k{k}"] = tau_sigma(Path(decoded["results"]))
+        result[f"per_position_k{k}"] = decoded["per_position_acceptance"]
+        result[f"tau_vllm_k{k}"] = tau_by_vllm(config, k) if args.vllm else None
+        if k == args.ks[0]:
+            result |= {
+                "tau": decoded["acceptance_length"],
+                "tau_vllm": result[f"tau_vllm_k{k}"],
+                "per_position": decoded["per_position_acceptance"],
+                "greedy_tokens_per_s": decoded["greedy_tokens_per_s"],
+                "speculative_tokens_per_s": decoded["speculative_tokens_per_s"],
+                "prompts": decoded["prompts"],
+            }
+    return result
 
 
 def plot(results: list[dict], path: Path) -> None:

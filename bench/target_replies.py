@@ -1,0 +1,271 @@
+"""A draft from the target's own replies, bought as text, against one from its token ids: one table at equal
+trained (loss-masked) tokens.
+
+    export DRAFTSMITH_VLLM_PYTHON=.venv-vllm/bin/python          # the venv `make test-vllm` builds
+    .venv/bin/python bench/target_replies.py generate --reply-tokens 1000000
+    .venv/bin/python bench/target_replies.py arm b --budget 200000   # one arm; (a) (b) (c) (d)
+    .venv/bin/python bench/target_replies.py speed --budget 1000000  # vLLM greedy vs speculative at k = 2, 3, 4
+    .venv/bin/python bench/target_replies.py table
+
+`generate` buys the demo target's replies through the pipeline's own generate stage (its journal: a rerun asks only
+for the prompts it lacks) from vLLM on CPU, started as `evaluate.engine: vllm` starts it (127.0.0.1, no seed,
+`return_token_ids`): the first user turns of ShareGPT conversations before the held-out slice, and BFCL prompts
+with their tools, at temperature 0.7 and at most `--max-tokens` reply tokens. It prints the engine's throughput
+and how many replies the limit cut.
+
+Each arm trains on rows whose trained tokens add up to `--budget`, with the settings, held-out prompts and decoding
+of `bench/quality.py`'s curve (three epochs offline, k = 4, 64 new tokens, temperature 0):
+(a) ShareGPT's own replies (`replies: dataset`, the curve's data); (b) the target's replies with the server's ids;
+(c) the same replies as text only, re-encoded in one pass; (d) the same as text only, `guided` (driven by the
+provider's counts). (c) and (d) are validated against (b)'s ids: their exact-row rates. Each arm's result lands in
+bench/results/target-replies.json (committed), so the table fills arm by arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import tasks  # noqa: E402,F401  (offline defaults)
+from bench.quality import (  # noqa: E402
+    HELD_OUT_OFFSET,
+    SHAREGPT,
+    batches_per_epoch,
+    build_pool,
+    held_out_sources,
+    rows_for,
+    run_settings,
+    train_and_score,
+    vllm_summary,
+)
+from tasks.config import RunConfig, SourceConfig, load_config  # noqa: E402
+from tasks.stages import stage_dir  # noqa: E402
+from tasks.storage import read_table, write_table  # noqa: E402
+
+WORK = Path("runs/bench-target").resolve()
+RESULTS = Path(__file__).resolve().parent / "results" / "target-replies.json"
+BFCL = [f"pypi:bfcl-eval==2026.3.23/bfcl_eval/data/BFCL_v4_{name}.json" for name in ("live_simple", "live_multiple")]
+# What each arm trains on: the reconstruct methods over the target's replies (None: ShareGPT's own replies).
+ARMS = {"a": None, "b": ["server_ids"], "c": ["reencode"], "d": ["guided"]}
+ARM_NAMES = {
+    "a": "dataset replies (ShareGPT's)",
+    "b": "target replies, server ids",
+    "c": "target replies as text, one pass",
+    "d": "target replies as text, guided",
+}
+
+
+def first_turns(path: Path, limit: int | None) -> Path:
+    """The first user turn of each readable ShareGPT conversation before the held-out slice, as OpenAI rows."""
+    from tasks.generate.sources import load_source
+
+    source = SourceConfig(name="first", format="sharegpt", path=SHAREGPT, limit=HELD_OUT_OFFSET, max_prompt_chars=1500)
+    rows = load_source(source).rows[:limit]
+    with open(path, "w", encoding="utf-8") as out:
+        for row in rows:
+            first = next(m for m in json.loads(row["messages"]) if m["role"] == "user")
+            out.write(json.dumps({"id": row["id"].split(":", 1)[-1], "messages": [first]}, ensure_ascii=False) + "\n")
+    return path
+
+
+def replies_config(demo: RunConfig, base_url: str, args) -> RunConfig:
+    """The generate stage's run: ShareGPT first turns and BFCL prompts, asked of the engine at `base_url`."""
+    turns = first_turns(WORK / "sharegpt-first-turns.jsonl", args.first_turns)
+    sources = [{"name": "sharegpt", "format": "openai", "path": str(turns)}]
+    sources += [{"name": f"bfcl{i}", "format": "bfcl", "path": path} for i, path in enumerate(BFCL)]
+    request = {"temperature": 0.7, "max_tokens": args.max_tokens, "return_token_ids": True, "seed": None}
+    api = {"base_url": f"{base_url}/v1", "provider": "vllm", "api_key_env": None, "concurrency": args.concurrency}
+    generate = {"sources": sources, "api": api, "request": request, "max_error_rate": 0.02}
+    return RunConfig.model_validate(
+        demo.model_dump(mode="json") | {"name": "replies", "runs_dir": str(WORK), "generate": generate}
+    )
+
+
+def reply_tokens(config: RunConfig) -> tuple[int, int, int]:
+    """(replies, reply tokens, replies cut at the limit) in the run's journal so far."""
+    from tasks.generate.journal import read_journal
+
+    done = read_journal(stage_dir(config, "generate") / "journal.jsonl").done.values()
+    return len(done), sum(r.get("completion_tokens") or 0 for r in done), sum(r.get("finish_reason") == "length" for r in done)
+
+
+def generate(demo: RunConfig, args) -> None:
+    from tasks.generate.stage import run_generate
+    from tasks.vllm_server import VllmServer
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    server = VllmServer(demo, WORK / "vllm-generate.log", [], demo.target.max_length + args.max_tokens)
+    with server:
+        config = replies_config(demo, server.url, args)
+        before = reply_tokens(config)
+        started = time.perf_counter()
+        run_generate(config)
+        seconds = time.perf_counter() - started
+    rows, tokens, cut = reply_tokens(config)
+    print(f"vLLM ready in {server.startup_s:.0f} s; {rows - before[0]} replies bought this run in {seconds:.0f} s, ")
+    print(f"{(tokens - before[1]) / seconds:.0f} reply tokens/s at {args.concurrency} requests in flight")
+    print(f"journal: {rows} replies, {tokens} reply tokens; {cut} ({cut / max(1, rows):.0%}) cut at {args.max_tokens} tokens")
+
+
+def arm_config(demo: RunConfig, pool: RunConfig, arm: str, budget: int, args, steps: int) -> RunConfig:
+    """The arm's run: its reconstruct methods over the bought replies (or the pool's dataset replies for (a)), then
+    the rows whose trained tokens reach `budget`, the fixed held-out prompts, the curve's training settings."""
+    name = f"arm-{arm}-{budget}"
+    if ARMS[arm] is None:
+        rows, _ = rows_for(pool, budget, "train", "num_trained")
+        train = {"name": "train", "path": str(stage_dir(pool, "reconstruct")), "split": "train", "max_rows": rows}
+    else:
+        rebuilt = RunConfig.model_validate(demo.model_dump(mode="json") | {"name": f"arm-{arm}", "runs_dir": str(WORK)})
+        rows, _ = rows_for(rebuilt, budget, "target", "num_trained")
+        train = {"name": "target", "path": str(stage_dir(rebuilt, "reconstruct")), "split": "train", "max_rows": rows}
+    train |= {"drop_truncated": False}
+    merge = demo.merge.model_dump(mode="json") | {"sources": [train, *held_out_sources(pool)]}
+    return RunConfig.model_validate(
+        demo.model_dump(mode="json") | {"name": name, "runs_dir": str(WORK), "merge": merge, **run_settings(demo, args, steps)}
+    )
+
+
+def rebuild(demo: RunConfig, arm: str) -> dict:
+    """(b), (c), (d): reconstruct and validate the bought replies with the arm's methods, all in one source."""
+    from tasks.reconstruct.stage import RECONSTRUCT
+    from tasks.validate.stage import VALIDATE
+
+    replies = stage_dir(RunConfig(name="replies", runs_dir=WORK), "generate")
+    config = RunConfig.model_validate(
+        demo.model_dump(mode="json")
+        | {
+            "name": f"arm-{arm}",
+            "runs_dir": str(WORK),
+            "reconstruct": demo.reconstruct.model_dump(mode="json") | {"methods": ARMS[arm]},
+        }
+    )
+    bought = stage_dir(config, "generate")
+    bought.parent.mkdir(parents=True, exist_ok=True)
+    if not bought.exists():  # one source for every prompt of the journal: its rows drawn in one order
+        rows = read_table("generations", replies).to_pylist()
+        write_table("generations", [r | {"source": "target"} for r in rows], bought / "part-00000.parquet")
+    started = time.perf_counter()
+    rebuilt = RECONSTRUCT.run(config)
+    seconds = time.perf_counter() - started
+    checked = VALIDATE.run(config)
+    return {"rebuild_s": round(seconds, 1), "classes": checked["classes"], "counts": rebuilt.get("count_verdicts")}
+
+
+def run_arm(demo: RunConfig, arm: str, budget: int, args) -> dict:
+    from tasks.extract.stage import EXTRACT
+    from tasks.merge.stage import run_merge
+    from tasks.target_model.loader import load_model
+
+    pool = build_pool(demo, Path("runs/bench-quality").resolve(), args.pool_rows, args.held_out, False)
+    rebuilt = rebuild(demo, arm) if ARMS[arm] is not None else {}
+    config = arm_config(demo, pool, arm, budget, args, 1)
+    run_merge(config)
+    manifest = json.loads((stage_dir(config, "merge") / "manifest.json").read_text())
+    source = next(iter(manifest["counts"]))
+    per_epoch = batches_per_epoch(stage_dir(config, "merge"), demo)
+    config = arm_config(demo, pool, arm, budget, args, max(10, round(args.epochs * per_epoch)))
+    started = time.perf_counter()
+    EXTRACT.run(config)
+    extract_s = time.perf_counter() - started
+    target = load_model(demo.target, dtype="float32")
+    trained_tokens = int(
+        sum(read_table("merged", stage_dir(config, "merge") / "train", columns=["num_trained"]).column(0).to_pylist())
+    )
+    result = {"arm": arm, "budget": budget, "rows": manifest["counts"][source]["train"], "trained_tokens": trained_tokens}
+    result |= {"tokens": manifest["counts"][source]["train_tokens"], "extract_s": round(extract_s, 1), **rebuilt}
+    return result | train_and_score(config, target, args, per_epoch)
+
+
+def speed(demo: RunConfig, budget: int, args) -> dict:
+    """vLLM's own tokens/s, greedy vs speculative with arm (b)'s draft at k = 2, 3 and 4, beside draftsmith's loop."""
+    from tasks.evaluate.stage import evaluate_draft
+    from tasks.target_model.loader import load_model
+
+    results = json.loads(RESULTS.read_text())
+    steps = results["b"][str(budget)]["steps"]
+    pool = build_pool(demo, Path("runs/bench-quality").resolve(), args.pool_rows, args.held_out, False)
+    config = arm_config(demo, pool, "b", budget, args, steps)
+    target, out = load_model(demo.target, dtype="float32"), {}
+    for k in (2, 3, 4):
+        decoding = config.model_copy(update={"evaluate": config.evaluate.model_copy(update={"num_draft_tokens": k})})
+        ours = evaluate_draft(decoding, target, out=stage_dir(config, "evaluate").with_name(f"eval-speed-k{k}"))
+        theirs = vllm_summary(config, k)
+        out[k] = {
+            "tau": ours["acceptance_length"],
+            "greedy_tokens_per_s": ours["greedy_tokens_per_s"],
+            "speculative_tokens_per_s": ours["speculative_tokens_per_s"],
+            "vllm_tau": theirs["acceptance_length"],
+            "vllm_greedy_tokens_per_s": theirs["greedy_tokens_per_s"],
+            "vllm_speculative_tokens_per_s": theirs["speculative_tokens_per_s"],
+        }
+    return out
+
+
+def record(key: str, budget: int, result: dict) -> None:
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results.setdefault(key, {})[str(budget)] = result
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def table() -> None:
+    results = json.loads(RESULTS.read_text())
+    print("| arm | trained tokens | rows | τ at k=4 ± σ | acceptance 1..4 | τ_sim | exact rows vs (b) | train s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for arm in ARMS:
+        for _, r in sorted(results.get(arm, {}).items(), key=lambda p: int(p[0])):
+            classes = r.get("classes") or {}
+            verified = sum(classes.get(k, 0) for k in ("exact", "bpe_only", "semantic"))
+            exact = f"{classes['exact'] / verified:.1%}" if arm in ("c", "d") and verified else "-"
+            accept = " ".join(f"{a:.2f}" for a in r["per_position"])
+            print(
+                f"| ({arm}) {ARM_NAMES[arm]} | {r['trained_tokens']} | {r['rows']} | {r['tau']:.3f} ± {r['sigma_k4']:.3f} "
+                f"| {accept} | {r['tau_sim']:.3f} | {exact} | {r['train_s']:.0f} |"
+            )
+    for budget, by_k in sorted(results.get("speed", {}).items()):
+        print(f"\nvLLM with arm (b)'s draft at {budget} trained tokens: greedy vs speculative tokens/s, and draftsmith's loop")
+        print("| k | τ (vLLM) | vLLM greedy / speculative | τ (draftsmith) | draftsmith greedy / speculative |")
+        print("|---|---|---|---|---|")
+        for k, s in sorted(by_k.items()):
+            print(
+                f"| {k} | {s['vllm_tau']:.3f} | {s['vllm_greedy_tokens_per_s']:.1f} / {s['vllm_speculative_tokens_per_s']:.1f} "
+                f"| {s['tau']:.3f} | {s['greedy_tokens_per_s']:.1f} / {s['speculative_tokens_per_s']:.1f} |"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["generate", "arm", "speed", "table"])
+    parser.add_argument("arm", nargs="?", choices=sorted(ARMS))
+    parser.add_argument("--config", default="configs/demo.yaml")
+    parser.add_argument("--budget", type=int, default=200_000, help="trained (loss-masked) tokens per arm")
+    parser.add_argument("--first-turns", type=int, default=None, help="ShareGPT first turns to ask (default: all readable)")
+    parser.add_argument("--max-tokens", type=int, default=768, help="reply length limit")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--pool-rows", type=int, default=3_600, help="ShareGPT rows of arm (a)'s pool (bench/quality.py's)")
+    parser.add_argument("--held-out", type=int, default=8)
+    parser.add_argument("--epochs", type=float, default=3.0)
+    args = parser.parse_args()
+    # The curve's training and evaluation settings (bench/quality.py --train-mode offline --epochs 3): 16 held-out prompts
+    # decoded at k = 4, 64 new tokens.
+    args.train_mode, args.ks, args.prompts, args.new_tokens, args.ttt_steps, args.vllm = "offline", [4], 16, 64, None, False
+    demo = load_config(args.config)
+    if args.what == "generate":
+        generate(demo, args)
+    elif args.what == "arm":
+        record(args.arm, args.budget, run_arm(demo, args.arm, args.budget, args))
+        table()
+    elif args.what == "speed":
+        record("speed", args.budget, speed(demo, args.budget, args))
+        table()
+    else:
+        table()
+
+
+if __name__ == "__main__":
+    main()
