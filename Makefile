@@ -4,6 +4,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # The CPU build of torch; a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
+# Set-up installs without compiling every module; the ones a run imports are compiled once, on first import,
+# which an inherited PYTHONDONTWRITEBYTECODE would forbid (each of the suite's processes would then compile
+# torch, transformers and prefect from source again).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup assets demo test test-fast test-vllm reliability lint bench bench-specforge screenshots clean
 

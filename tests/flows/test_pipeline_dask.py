@@ -28,7 +28,10 @@ def data_hashes(run_dir):
 def test_dask_runner_matches_threads(tiny_run, prefect_server, tmp_path):
     run_dir, _, _ = tiny_run
     shutil.copytree(run_dir / "generations", tmp_path / "tiny" / "generations")  # same replies, no requests
-    done = run_tiny(tmp_path, api_url=prefect_server, extra=["--set", "orchestration.task_runner=dask"])
+    # One worker process per local cluster: every shard still crosses a process boundary through Dask, and the
+    # suite pays one worker start-up (torch, transformers, the target) per sharded stage instead of two.
+    dask = ["--set", "orchestration.task_runner=dask", "--set", "orchestration.max_workers=1"]
+    done = run_tiny(tmp_path, api_url=prefect_server, extra=dask)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "distributed.scheduler" in done.stdout + done.stderr  # the shards really went through Dask
     dask_dir = tmp_path / "tiny"
