@@ -50,6 +50,7 @@ def mixed_config(tmp_path, server) -> RunConfig:
     )
 
 
+@pytest.mark.slow
 def test_dataset_replies_reach_merge_unrequested_and_marked_as_dataset(prefect_harness, tmp_path, server, demo_tokenizer):
     config = mixed_config(tmp_path, server)
     generated = generate_flow(config)

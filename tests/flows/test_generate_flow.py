@@ -70,6 +70,7 @@ def test_key_from_a_prefect_secret_block_is_sent_and_never_written(prefect_harne
         assert not path.is_file() or sentinel.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.slow
 def test_a_run_that_ends_with_no_rows_fails_and_keeps_the_earlier_table(prefect_harness, tmp_path, server):
     """Every prompt skipped before any request: the stage names why, row by row, and writes nothing."""
     from tasks.generate.stage import NoRowsError

@@ -83,6 +83,7 @@ def test_accepted_drafts_keep_the_caches_right(demo_model, monkeypatch):
     assert per_position[0] == 1.0 and per_position[1] < 1.0
 
 
+@pytest.mark.slow
 def test_evaluate_stage_writes_results_and_gates(trained_run, demo_model):
     summary = run_evaluate(trained_run, demo_model)
     assert summary["prompts"] == 2 and summary["identical"] == 2
@@ -105,6 +106,7 @@ def demo_model_tokenizer():
     return load_tokenizer(TargetConfig())
 
 
+@pytest.mark.slow
 def test_a_draft_no_better_than_the_untrained_one_fails_the_gate_naming_both(trained_run, demo_model, tmp_path):
     """The untrained draft exported as if trained: its τ is the untrained τ, which the gate must refuse."""
     import shutil

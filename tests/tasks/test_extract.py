@@ -115,6 +115,7 @@ def test_rerun_skips_every_shard_and_gate_passes(reference, backend):
     assert result.success and result.rows == 10
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_byte_identical(reference, tmp_path, backend):
     ref_config, rows, ref_summary = reference
     config = small_config(tmp_path, "killed")

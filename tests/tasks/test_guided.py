@@ -71,6 +71,7 @@ def full_logprobs(model, ids: list[int]):
     return logits[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
 
 
+@pytest.mark.slow
 def test_edit_gains_match_plain_forwards_over_the_edited_sequences(demo_tokenizer, demo_model, spans):
     """Edits scored as token trees over the cache (2 rows per pass, small trees: rows mix in one forward) gain
     exactly what the log-likelihoods of plain forwards over each sequence, edited and not, say they gain."""
