@@ -46,10 +46,13 @@ def export_config(
     eagle = {"use_aux_hidden_state": True}
     if layer_ids is not None:
         eagle["eagle_aux_hidden_state_layer_ids"] = layer_ids
-    if cfg.arch == "mla":  # a DeepSeek-V3 config: latent sizes, one head set for keys and values, a dense MLP
-        attention = {"model_type": "deepseek_v3", "num_key_value_heads": cfg.num_attention_heads}
+    if cfg.arch == "mla":  # a DeepSeek-V2 config: latent sizes, one head set for keys and values, a dense MLP
+        # Not `deepseek_v3`: vLLM rewrites every draft of that type into its MTP module (`Eagle3DeepSeekMTPModel`,
+        # which it then refuses); a `deepseek_v2` draft keeps its architecture and vLLM's MLA cache layout.
+        attention = {"model_type": "deepseek_v2", "num_key_value_heads": cfg.num_attention_heads}
         attention |= {name: getattr(cfg, name) for name in MLA_FIELDS}
-        attention |= {"n_routed_experts": None, "first_k_dense_replace": 1, "rope_interleave": True}
+        # The one draft layer dense as DeepSeek configs say it (the config class refuses `n_routed_experts: null`).
+        attention |= {"first_k_dense_replace": 1, "rope_interleave": True}
     else:
         attention = {"model_type": "llama", "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim}
     return {

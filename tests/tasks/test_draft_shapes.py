@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoConfig
 
 from tasks.config import RunConfig
 from tasks.draft.export import ExportTarget, export_draft, load_export, read_export_config
@@ -162,10 +163,10 @@ def test_an_eagle31_export_carries_its_flags_and_tensors_and_reloads_as_trained(
             torch.testing.assert_close(a, b, rtol=0.05, atol=0.05)
 
 
-def test_an_mla_export_is_a_deepseek_v3_config_with_deepseeks_tensor_names(tmp_path):
+def test_an_mla_export_is_a_deepseek_v2_config_with_deepseeks_tensor_names(tmp_path):
     draft = draft_of(**MLA)
     config, tensors = export(tmp_path, draft, "mla")
-    assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and config["model_type"] == "deepseek_v3"
+    assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and config["model_type"] == "deepseek_v2"
     assert {k: config[k] for k in MLA if k != "arch"} == {k: v for k, v in MLA.items() if k != "arch"}
     attention = {k.removeprefix("midlayer.self_attn."): tuple(v.shape) for k, v in tensors.items() if ".self_attn." in k}
     H, h = 8, 2
@@ -180,6 +181,10 @@ def test_an_mla_export_is_a_deepseek_v3_config_with_deepseeks_tensor_names(tmp_p
     }
     cfg, layers = read_export_config(tmp_path / "mla")
     assert cfg.arch == "mla" and layers == [2, 15, 27]
+    # The engines read config.json through transformers' DeepseekV2Config, which validates its fields.
+    hf = AutoConfig.from_pretrained(tmp_path / "mla")
+    assert type(hf).__name__ == "DeepseekV2Config" and hf.kv_lora_rank == MLA["kv_lora_rank"]
+    assert hf.first_k_dense_replace == hf.num_hidden_layers == 1  # its one layer has the dense MLP
 
 
 def engine_method(spec: str, cls: str, name: str, **names):
