@@ -77,7 +77,7 @@ def replies_config(demo: RunConfig, base_url: str, args) -> RunConfig:
     """The generate stage's run: ShareGPT first turns and BFCL prompts, asked of the engine at `base_url`."""
     turns = first_turns(WORK / "sharegpt-first-turns.jsonl", args.first_turns)
     sources = [{"name": "sharegpt", "format": "openai", "path": str(turns)}]
-    sources += [{"name": f"bfcl{i}", "format": "bfcl", "path": path} for i, path in enumerate(BFCL)]
+    sources += [{"name": f"bfcl{i}", "format": "bfcl", "path": path, "limit": args.bfcl} for i, path in enumerate(BFCL)]
     request = {"temperature": 0.7, "max_tokens": args.max_tokens, "return_token_ids": True, "seed": None}
     api = {"base_url": f"{base_url}/v1", "provider": "vllm", "api_key_env": None, "concurrency": args.concurrency}
     generate = {"sources": sources, "api": api, "request": request, "max_error_rate": 0.02}
@@ -99,7 +99,10 @@ def generate(demo: RunConfig, args) -> None:
     from tasks.vllm_server import VllmServer
 
     WORK.mkdir(parents=True, exist_ok=True)
-    server = VllmServer(demo, WORK / "vllm-generate.log", [], demo.target.max_length + args.max_tokens)
+    # BFCL prompts carry tools with tool_choice "auto", which vLLM serves only with a tool-call parser: the demo
+    # target writes Hermes calls (its `chatml` format).
+    tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    server = VllmServer(demo, WORK / "vllm-generate.log", tools, demo.target.max_length + args.max_tokens)
     with server:
         config = replies_config(demo, server.url, args)
         before = reply_tokens(config)
@@ -245,6 +248,7 @@ def main() -> None:
     parser.add_argument("--config", default="configs/demo.yaml")
     parser.add_argument("--budget", type=int, default=200_000, help="trained (loss-masked) tokens per arm")
     parser.add_argument("--first-turns", type=int, default=None, help="ShareGPT first turns to ask (default: all readable)")
+    parser.add_argument("--bfcl", type=int, default=None, help="BFCL prompts to ask from each file (default: all)")
     parser.add_argument("--max-tokens", type=int, default=768, help="reply length limit")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--pool-rows", type=int, default=3_600, help="ShareGPT rows of arm (a)'s pool (bench/quality.py's)")
