@@ -2,7 +2,7 @@
 trained (loss-masked) tokens.
 
     export DRAFTSMITH_VLLM_PYTHON=.venv-vllm/bin/python          # the venv `make test-vllm` builds
-    .venv/bin/python bench/target_replies.py generate --reply-tokens 1000000
+    .venv/bin/python bench/target_replies.py generate              # every readable first turn + BFCL, at most 768 tokens
     .venv/bin/python bench/target_replies.py arm b --budget 200000   # one arm; (a) (b) (c) (d)
     .venv/bin/python bench/target_replies.py speed --budget 1000000  # vLLM greedy vs speculative at k = 2, 3, 4
     .venv/bin/python bench/target_replies.py table
