@@ -168,19 +168,20 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
+# The `reconstructed` table's token counts: ours, the provider's, and the verdict between them.
+COUNT_COLUMNS = [
+    "prompt_count",
+    "reply_count",
+    "reasoning_count",
+    "provider_prompt_count",
+    "provider_reply_count",
+    "provider_reasoning_count",
+    "count_verdict",
+]
 # Columns added after a table's first version: a file written before them reads with nulls there.
 LATER_COLUMNS: dict[str, set[str]] = {
     "generations": {"reasoning_kind", "template_kwargs", "created", "origin", "reasoning_tokens", "cached_tokens"},
-    "reconstructed": {
-        "origin",
-        "prompt_count",
-        "reply_count",
-        "reasoning_count",
-        "provider_prompt_count",
-        "provider_reply_count",
-        "provider_reasoning_count",
-        "count_verdict",
-    },
+    "reconstructed": {"origin", *COUNT_COLUMNS},
     "merged": {"origin"},
     "validation": {"count_verdict", "prompt_count_ok", "reply_count_ok"},
 }

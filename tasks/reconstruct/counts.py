@@ -133,17 +133,6 @@ def check_counts(
     )
 
 
-COUNT_COLUMNS = [
-    "prompt_count",
-    "reply_count",
-    "reasoning_count",
-    "provider_prompt_count",
-    "provider_reply_count",
-    "provider_reasoning_count",
-    "count_verdict",
-]
-
-
 def count_columns(checks: list[CountCheck]) -> dict[str, list]:
     """The `reconstructed` table's count columns for these rows."""
     return {

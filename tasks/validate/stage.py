@@ -10,9 +10,9 @@ from prefect import task
 
 from tasks.completions import file_fingerprint, fingerprint
 from tasks.config import RunConfig
-from tasks.contracts import UNCOUNTED
+from tasks.contracts import COUNT_COLUMNS, UNCOUNTED
 from tasks.gates import enforce
-from tasks.reconstruct.counts import COUNT_COLUMNS, CountCheck, row_check
+from tasks.reconstruct.counts import CountCheck, row_check
 from tasks.reconstruct.engine_scoring import guided_search, stop_engines
 from tasks.reconstruct.guided import GUIDED, guided_runs
 from tasks.reconstruct.methods import truth_ids
