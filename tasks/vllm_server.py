@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +69,7 @@ class VllmServer:
         ]
         self.process: subprocess.Popen | None = None
         self.startup_s: float | None = None  # seconds from launch to the first healthy answer
+        self._sigterm = None  # the SIGTERM handler before ours, while ours is installed
 
     def start(self) -> str:
         """Start the server and wait for /health; returns its base URL."""
@@ -77,6 +79,7 @@ class VllmServer:
         with open(self.log, "w") as out:
             self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         atexit.register(self.stop)
+        self._stop_on_sigterm()
         started = time.monotonic()
         deadline = started + self.config.vllm.startup_s
         while True:
@@ -95,7 +98,28 @@ class VllmServer:
                 raise TimeoutError(f"vLLM did not answer /health in {waited:.0f} s; {self.log}:\n{self.tail()}")
             time.sleep(2)
 
+    def _stop_on_sigterm(self) -> None:
+        """A SIGTERM to this process (a cancelled flow run, `kill`) stops the server first: atexit does not run on a
+        signal, and the server, in a session of its own, would keep the machine's cores. Then the handler before ours
+        runs, or the process exits as the default handler would have it."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set handlers; a worker thread's server is stopped by its caller
+        before = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum, frame):
+            self.stop()
+            if callable(before):
+                before(signum, frame)
+            elif before != signal.SIG_IGN:
+                raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        self._sigterm = signal.SIG_DFL if before is None else before  # None: set outside Python
+
     def stop(self) -> None:
+        if self._sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
         if self.process is None or self.process.poll() is not None:
             return
         os.killpg(self.process.pid, signal.SIGTERM)

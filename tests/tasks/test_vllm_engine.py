@@ -66,3 +66,60 @@ def test_a_python_without_vllm_fails_at_once_with_the_servers_words(tmp_path, mo
         VllmServer(config, tmp_path / "server.log", [], 2048).start()
     with pytest.raises(ValueError, match="DRAFTSMITH_VLLM_PYTHON"):
         VllmServer(RunConfig.model_validate({"vllm": {"python": None}}), tmp_path / "x.log", [], 2048)
+
+
+HEALTH_ONLY = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+
+HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Health).serve_forever()
+"""
+
+STARTS_THEN_WAITS = """
+import sys, time
+from tasks.config import RunConfig
+from tasks.vllm_server import VllmServer
+
+server = VllmServer(RunConfig.model_validate({"vllm": {"python": sys.executable}}), sys.argv[1], [], 2048)
+server.start()
+print(server.process.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_sigterm_to_the_run_stops_its_server(tmp_path):
+    """A killed run (a cancelled flow run, `kill`) takes its engine with it: the server runs in a session of its own,
+    and atexit does not run on a signal. Only the process management is under test here, so the module started in
+    vLLM's place answers /health and nothing else."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+
+    from tasks.prefect_env import PROJECT_ROOT
+
+    package = tmp_path / "stand-in" / "vllm" / "entrypoints" / "openai"
+    package.mkdir(parents=True)
+    for folder in (package.parent.parent, package.parent, package):
+        (folder / "__init__.py").write_text("")
+    (package / "api_server.py").write_text(HEALTH_ONLY)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT), str(tmp_path / "stand-in")]))
+    script = [sys.executable, "-c", STARTS_THEN_WAITS, str(tmp_path / "server.log")]
+    run = subprocess.Popen(script, stdout=subprocess.PIPE, text=True, env=env, cwd=PROJECT_ROOT)
+    server = int(run.stdout.readline())
+    try:
+        os.kill(server, 0)  # up
+        run.terminate()
+        assert run.wait(60) == 128 + 15
+        with pytest.raises(ProcessLookupError):
+            os.kill(server, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server, signal.SIGKILL)
