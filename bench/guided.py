@@ -1,15 +1,16 @@
-"""Guided driven by the provider's counts vs guided as it was (every row searched) vs one-pass re-encoding, in
-simulate mode: exact rows recovered, at what cost, and what the counts tell.
+"""Guided driven by the provider's counts vs guided as it was (every row searched, no counts) vs one-pass re-encoding,
+in simulate mode: exact rows recovered, at what cost, and what the counts tell.
 
     .venv/bin/python bench/guided.py                  # 200 replies at T=0.7 and 200 at T=0, 128 new tokens
     .venv/bin/python bench/guided.py --rows 40 --quick
 
 Samples SmolLM2 replies with their true ids and the counts a vLLM-shaped server reports (completion_tokens: the
 reply's ids, end of turn included), plays them through the text API (decode, split, drop the ids, keep the counts),
-rebuilds each by one-pass re-encoding (canonical), by `guided` searching every row (the method before counts), and
-by `guided` driven by the counts (rows whose one-pass length is the provider's count are not searched; the others
-are searched toward it), and classifies all three against the true ids. Cost is set beside the extract stage's
-forward pass over the same rows (same model, same threads, batched by length the way extract batches).
+rebuilds each by one-pass re-encoding (canonical), by `guided` searching every row without counts (the method before
+counts), by `guided` with the counts leaving rows already at their count as they are (`counted_rows: skip`, the
+default), and by `guided` with the counts on every row (`counted_rows: search`: rows at their count searched at it),
+and classifies all against the true ids. Cost is set beside the extract stage's forward pass over the same rows (same
+model, same threads, batched by length the way extract batches) and beside the every-row search.
 """
 
 from __future__ import annotations
@@ -50,10 +51,16 @@ def extract_seconds(model, rows: list[list[int]], batch_tokens: int) -> float:
 
 def guided_by_count(model, tokenizer, spans, cfg: GuidedConfig) -> tuple[list[list[int]], int]:
     """Each row's ids after the count-driven search, and how many rows it searched."""
-    plans = [to_search(s.row["id"], s.span, s.counts.expected_reply, cfg) for s in spans]
+    plans = [to_search(s.span, s.counts.expected_reply, cfg) for s in spans]
     searched = guide(model, tokenizer, [p for p in plans if p is not None], cfg)
     found = iter(searched)
     return [next(found).ids if p is not None else s.span.ids for s, p in zip(spans, plans, strict=True)], len(searched)
+
+
+def timed(search):
+    started = time.perf_counter()
+    ids, searched = search()
+    return ids, time.perf_counter() - started, searched
 
 
 def count_figures(spans, classes: list[str]) -> str:
@@ -96,18 +103,22 @@ def main() -> None:
         spans = [r for r in replay_rows(tokenizer, rows, target, end_of_turn) if r.span is not None]
         tokens = sum(len(s.span.ids) for s in spans) / 1000
         extract_s = extract_seconds(model, [s.span.ids for s in spans], 4096)
-        started = time.perf_counter()
-        every = [g.ids for g in guide(model, tokenizer, [s.span for s in spans], cfg)]
-        every_s = time.perf_counter() - started
-        started = time.perf_counter()
-        counted, searched = guided_by_count(model, tokenizer, spans, cfg)
-        counted_s = time.perf_counter() - started
+
+        def every_row(spans=spans):
+            return [g.ids for g in guide(model, tokenizer, [s.span for s in spans], cfg)], len(spans)
+
+        methods = {
+            "guided, every row, no counts (before counts)": timed(every_row),
+            "guided by count, rows at their count left (skip, default)": timed(
+                lambda spans=spans: guided_by_count(model, tokenizer, spans, cfg)
+            ),
+            "guided by count, every row (search)": timed(
+                lambda spans=spans: guided_by_count(model, tokenizer, spans, cfg.model_copy(update={"counted_rows": "search"}))
+            ),
+        }
+        every_s = methods["guided, every row, no counts (before counts)"][1]
         before = [s.verdict(tokenizer, s.span.ids).klass for s in spans]
-        for name, ids, seconds, n in (
-            ("one pass", [s.span.ids for s in spans], 0.0, 0),
-            ("guided, every row", every, every_s, len(spans)),
-            ("guided, by count", counted, counted_s, searched),
-        ):
+        for name, (ids, seconds, n) in {"one pass": ([s.span.ids for s in spans], 0.0, 0), **methods}.items():
             after = [s.verdict(tokenizer, i).klass for s, i in zip(spans, ids, strict=True)]
             lost = sum(b == "exact" and a != "exact" for b, a in zip(before, after, strict=True))
             ratio = f"{seconds / every_s:.2f}x" if seconds else "-"
@@ -118,8 +129,9 @@ def main() -> None:
         print(
             f"\ncounts at T={temperature}: count matched -> exact | not exact -> count mismatched: {count_figures(spans, before)}"
         )
+        counted = methods["guided by count, every row (search)"][0]
         reached = sum(s.counts.expected_reply == len(i) - s.span.start for s, i in zip(spans, counted, strict=True))
-        print(f"rows at the provider's count after the count-driven search: {reached} of {len(spans)}\n")
+        print(f"rows at the provider's count after the search of every row: {reached} of {len(spans)}\n")
 
 
 if __name__ == "__main__":

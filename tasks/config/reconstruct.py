@@ -51,9 +51,14 @@ class GuidedConfig(StrictModel):
     own odds is still the target's: the count, not the likelihood, says a re-split is due)."""
     count_min_logprob: float = Field(-8.0, le=0)
     """min_logprob on a row whose length differs from the provider's count."""
-    spot_check: float = Field(0.0, ge=0, le=1)
-    """Share of rows whose one-pass length already matches the provider's count searched anyway (to measure what
-    the count lets through: a re-split of the same length); those rows are searched without the count."""
+    break_nats: float = Field(3.0, ge=0)
+    """An edit that changes a row's length where the provider's count does not call for it (the row already has the
+    count, or the edit moves away from it) is kept only when it gains more than this: only strong evidence says two
+    errors cancel there. The row is then searched back to the count for the other one."""
+    counted_rows: Literal["skip", "search"] = "skip"
+    """Rows whose one-pass length already has the provider's count: left as one pass made them, or searched at that
+    count (for a re-split of the same length, or two errors that cancel, which the count cannot point to): a forward
+    over every row, three to four times the time (bench/guided.py)."""
 
 
 class ReconstructConfig(StrictModel):

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from tasks.config import GuidedConfig, RunConfig
-from tasks.reconstruct.guided import Edit, Guided, Resplitter, Span, apply_edits, choose, still_open
+from tasks.reconstruct.guided import Edit, Guided, Resplitter, Span, apply_edits, bar, choose, still_open
 
 
 class EngineScorer:
@@ -80,9 +80,10 @@ def engine_edits(splitter: Resplitter, span: Span, row: int, table: list[dict[in
                 stop = boundary[end]
                 if gap is None or [token, *gap] == ids[t:stop]:
                     continue
+                needed = bar(span.need, len(gap) + 1 - (stop - t), cfg)
                 window_end = min(len(ids), stop + cfg.window)
                 stands = sum(table[u].get(ids[u], -math.inf) for u in range(t, window_end))
-                if first - stands <= span.margin(cfg):
+                if first - stands <= needed:
                     continue  # the rest of the edit and its window can only lower its gain
                 edits.append(Edit(row, t, stop, (token, *gap), stands, first, (at, token, end)))
     return edits

@@ -23,7 +23,6 @@ construction.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -102,10 +101,6 @@ class Span:
     def need(self) -> int | None:
         """Tokens the reply must gain (or, negative, lose) to have the provider's count; None without a count."""
         return None if self.target is None else self.target - (self.stop - self.start)
-
-    def margin(self, cfg: GuidedConfig) -> float:
-        """What an edit must gain here: less where the count says the current split is not the target's."""
-        return cfg.count_margin_nats if self.need else cfg.margin_nats
 
     def reach(self, cfg: GuidedConfig) -> tuple[float, float]:
         """(candidate_nats, min_logprob): wider where the count says the current split is not the target's."""
@@ -192,19 +187,19 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
                 stop = boundary[end]
                 if gap is None or [token, *gap] == ids[t:stop]:
                     continue
-                key = (at, token, end)
-                if span.tried and span.tried.get(key, math.inf) < span.margin(cfg) - cfg.retry_nats and not near(t):
-                    continue  # far below the margin last round; a change elsewhere will not lift it that far
-                drafts.append((t, stop, (token, *gap), rival, key, min(len(ids), stop + cfg.window)))
+                key, needed = (at, token, end), bar(span.need, len(gap) + 1 - (stop - t), cfg)
+                if span.tried and span.tried.get(key, math.inf) < needed - cfg.retry_nats and not near(t):
+                    continue  # far below the bar last round; a change elsewhere will not lift it that far
+                drafts.append((t, stop, (token, *gap), rival, key, min(len(ids), stop + cfg.window), needed))
     # Only the positions an edit's span and window cover need the whole vocabulary's normalizer.
-    base.normalize(row, {u for t, _, _, _, _, end in drafts for u in range(t - 1, end - 1)})
+    base.normalize(row, {u for t, _, _, _, _, end, _ in drafts for u in range(t - 1, end - 1)})
     edits = []
-    for t, stop, tokens, rival, key, end in drafts:
+    for t, stop, tokens, rival, key, end, needed in drafts:
         first = rival - float(base.norm[int(base.at[row]) + t - 1])
         if first < min_logprob:
             continue
         stands = float(base.logprob(row, torch.arange(t - 1, end - 1), torch.tensor(ids[t:end])).sum())
-        if first - stands <= span.margin(cfg):
+        if first - stands <= needed:
             continue  # the edit's other tokens and its window can only lower its gain: it cannot pass
         edits.append(Edit(row, t, stop, tokens, stands, first, key))
     return edits
@@ -217,13 +212,20 @@ def first_needed(span: Span, cfg: GuidedConfig) -> int:
     return max(span.start - 1, min(lo for lo, _ in span.changed) - cfg.window - 1)
 
 
+def bar(need: int | None, delta: int, cfg: GuidedConfig) -> float:
+    """What an edit that changes its row's length by `delta` must gain to be taken, where the row lacks `need` tokens
+    of the provider's count (None: no count)."""
+    if need is None or delta == 0:  # no count, or a re-split of the same length: the margin alone decides
+        return cfg.margin_nats
+    if delta * need > 0 and abs(delta) <= abs(need):  # toward the count, never past it: the count says a re-split is due
+        return cfg.count_margin_nats
+    return cfg.break_nats  # away from the count (or off it): only strong evidence says errors cancel there
+
+
 def acceptable(edit: Edit, gain: float, need: int | None, cfg: GuidedConfig) -> bool:
     """Whether an edit may be taken; `need` is what its row still lacks of the provider's count after the edits taken
     before this one (None: no count)."""
-    delta = len(edit.tokens) - (edit.stop - edit.start)
-    if need is None or delta == 0:  # no count, or a re-split of the same length: the margin alone decides
-        return gain > cfg.margin_nats
-    return need != 0 and delta * need > 0 and abs(delta) <= abs(need) and gain > cfg.count_margin_nats
+    return gain > bar(need, len(edit.tokens) - (edit.stop - edit.start), cfg)
 
 
 def choose(edits: list[Edit], gains: list[float], cfg: GuidedConfig, spans: list[Span]) -> dict[int, list[tuple[Edit, float]]]:
@@ -297,17 +299,12 @@ def still_open(spans: list[Span], results: list[Guided], group: list[int], taken
     return sorted(set(taken) - reached)
 
 
-def spot_checked(row_id: str, share: float) -> bool:
-    """A fixed pseudo-random `share` of rows, by id: the same rows every run."""
-    return share > 0 and int(hashlib.sha256(row_id.encode()).hexdigest()[:8], 16) < share * 2**32
-
-
-def to_search(row_id: str, span: Span, expected_reply: int | None, cfg: GuidedConfig) -> Span | None:
+def to_search(span: Span, expected_reply: int | None, cfg: GuidedConfig) -> Span | None:
     """The span to search, with the provider's count as its target; None when its one-pass length already has that
-    count (but for a `spot_check` share, searched without the count)."""
+    count and `counted_rows` is `skip`."""
     target = None if expected_reply is None else expected_reply - (len(span.ids) - span.stop)
-    if target == span.stop - span.start:
-        return span if spot_checked(row_id, cfg.spot_check) else None
+    if target == span.stop - span.start and cfg.counted_rows == "skip":
+        return None
     return replace(span, target=target)
 
 
@@ -317,15 +314,15 @@ def guide_table(
     """Re-split the reply of every `guided` row of a reconstructed table with `search` (a backend's `guide`); returns
     the table, what changed, and the ids of the rows it changed.
 
-    A row whose one-pass length is already the provider's count is not searched (but for a `spot_check` share);
-    a row whose length differs is searched toward that count; a row without a count is searched as it stands.
+    A row whose one-pass length is already the provider's count is searched at that count (unless `counted_rows` is
+    `skip`); a row whose length differs is searched toward that count; a row without a count is searched as it stands.
     """
     rows = table.to_pylist()
     picked, spans = [], []
     for i, row in enumerate(rows):
         if row["method"] != GUIDED:
             continue
-        span = to_search(row["id"], reply_span(row["input_ids"], row["loss_mask"], end_of_turn), row["provider_reply_count"], cfg)
+        span = to_search(reply_span(row["input_ids"], row["loss_mask"], end_of_turn), row["provider_reply_count"], cfg)
         if span is not None:
             picked.append(i)
             spans.append(span)
@@ -346,7 +343,8 @@ def guide_table(
         row["num_tokens"] = len(row["input_ids"])
         row["num_trained"] = sum(row["loss_mask"])
         changed.add(row["id"])
-    counted = [(s, r) for s, r in zip(spans, results, strict=True) if s.target is not None]
+    counted = [(s, r) for s, r in zip(spans, results, strict=True) if s.target is not None and s.need]
+    at_count = [(s, r) for s, r in zip(spans, results, strict=True) if s.target is not None and not s.need]
     stats = {
         "rows": sum(row["method"] == GUIDED for row in rows),
         "searched": len(spans),
@@ -357,6 +355,8 @@ def guide_table(
         "seconds": round(seconds, 3),
         "off_count": len(counted),  # searched because the one-pass length was not the provider's count
         "to_count": sum(r.stop - s.start == s.target for s, r in counted),  # ... and brought to it
+        "at_count": len(at_count),  # searched at the count their one-pass length already had
+        "at_count_changed": sum(r.edits > 0 for _, r in at_count),  # ... and re-split all the same
     }
     table = conform("reconstructed", pa.Table.from_pylist(rows, schema=table.schema)) if changed else table
     return table, stats, changed

@@ -133,10 +133,10 @@ def summary_markdown(summary: dict) -> str:
         text += ", ".join(f"{n} {verdict}" for verdict, n in verdicts.items()) + ".\n"
     if g := summary.get("guided"):
         text += (
-            f"\nGuided: {g['searched']} of {g['rows']} text-only rows searched (the rest already had the provider's "
-            f"count), {g['changed']} re-split ({g['edits']} edits, {g['nats']:.1f} nats gained); {g['to_count']} of "
-            f"{g['off_count']} rows off the count brought to it; {1000 * g['seconds'] / max(1, g['tokens']):.2f} s per "
-            "1,000 searched tokens.\n"
+            f"\nGuided: {g['searched']} of {g['rows']} text-only rows searched, {g['changed']} re-split ({g['edits']} "
+            f"edits, {g['nats']:.1f} nats gained); {g['to_count']} of {g['off_count']} rows off the provider's count "
+            f"brought to it; {g['at_count_changed']} of {g['at_count']} rows already at their count re-split all the "
+            f"same; {1000 * g['seconds'] / max(1, g['tokens']):.2f} s per 1,000 searched tokens.\n"
         )
     return text
 

@@ -122,7 +122,7 @@ def simulate_guided(
     """The same replayed rows re-split by `guided` (`search`: a backend's) as reconstruct would, searched toward the
     provider's count where it has one: (row, verdict, count check) triples, and per source what it changed and cost."""
     rebuilt = [r for r in replayed if r.span is not None]
-    plans = [to_search(r.row["id"], r.span, r.counts.expected_reply if r.counts else None, cfg) for r in rebuilt]
+    plans = [to_search(r.span, r.counts.expected_reply if r.counts else None, cfg) for r in rebuilt]
     searched = [span for span in plans if span is not None]
     started = time.perf_counter()
     found = iter(search(searched))

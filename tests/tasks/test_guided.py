@@ -1,5 +1,7 @@
 """Guided re-encoding on the demo model: replies sampled with their true ids, played through the text API."""
 
+from dataclasses import replace
+
 import pytest
 
 from tasks.config import GuidedConfig, ReconstructConfig, RunConfig, TargetConfig
@@ -177,3 +179,48 @@ def test_a_target_too_large_for_transformers_falls_back_with_a_warning_that_says
     assert text_methods(engine) == ["logprobs", "reencode"] and "neither vllm.python nor" in caplog.text
     with_vllm = engine.model_copy(update={"vllm": engine.vllm.model_copy(update={"python": "/opt/vllm/bin/python"})})
     assert guided_runs(with_vllm)  # the engine holds the weights: their size here does not matter
+
+
+def split_in_two(tokenizer, span) -> tuple[list[int], int]:
+    """The span's ids with its first reply token of three or more bytes split into two tokens, and where."""
+    from tasks.reconstruct.guided import Resplitter
+
+    splitter = Resplitter(tokenizer)
+    for t in range(span.start, span.stop):
+        whole = splitter.codec.bytes_of(span.ids[t])
+        cuts = [k for k in range(1, len(whole)) if whole[:k] in splitter.by_bytes and whole[k:] in splitter.by_bytes]
+        if len(whole) > 2 and cuts:
+            pieces = [splitter.by_bytes[whole[: cuts[0]]], splitter.by_bytes[whole[cuts[0] :]]]
+            return span.ids[:t] + pieces + span.ids[t + 1 :], t
+    raise AssertionError("no reply token to split")
+
+
+def test_a_row_at_its_count_can_be_searched_at_it(demo_tokenizer, demo_model, spans):
+    """A one-pass rebuild can be off twice with the count still right (two errors that cancel): the count cannot point
+    to it, so with `counted_rows: search` a row at its count is searched at it. An edit that changes its length must
+    then gain more than `break_nats` (here: merging back a token split in two against the target's odds), after which
+    the row is searched toward its count for the error that cancelled it (here none: the count was the split's).
+    `counted_rows: skip` (the default) leaves such a row as one pass made it."""
+    from tasks.reconstruct.guided import to_search
+
+    cfg = GuidedConfig(counted_rows="search")
+    span = max(spans, key=lambda s: s.stop - s.start)
+    ids, t = split_in_two(demo_tokenizer, span)
+    wrong = replace(span, ids=ids, stop=span.stop + 1)
+    provider_count = len(ids) - wrong.start  # the provider counts the split's length (and an end of turn)
+    assert to_search(wrong, provider_count, GuidedConfig()) is None  # the default, `skip`
+    searched = to_search(wrong, provider_count, cfg)
+    assert searched is not None and searched.need == 0
+    (found,) = guide(demo_model, demo_tokenizer, [searched], cfg)
+    assert found.ids[t] == span.ids[t] and found.nats > cfg.break_nats  # the split token merged back
+    (held,) = guide(demo_model, demo_tokenizer, [searched], cfg.model_copy(update={"break_nats": 1e6}))
+    assert held.ids[t : t + 2] == ids[t : t + 2] and held.stop == wrong.stop  # without that evidence, nothing breaks the count
+
+
+def test_what_an_edit_must_gain_follows_the_count():
+    from tasks.reconstruct.guided import bar
+
+    cfg = GuidedConfig()
+    assert bar(None, 1, cfg) == bar(2, 0, cfg) == cfg.margin_nats  # no count, or the same length
+    assert bar(2, 1, cfg) == bar(-2, -2, cfg) == cfg.count_margin_nats  # toward the count, not past it
+    assert bar(1, 2, cfg) == bar(2, -1, cfg) == bar(0, 1, cfg) == cfg.break_nats  # past it, away, or at it already

@@ -288,7 +288,7 @@ def test_guided_through_vllm_reaches_the_transformers_backend(demo_tokenizer, de
     rows = sample_generations(demo_model, demo_tokenizer, sharegpt_prompts(40, 400), eot, max_new_tokens=64)
     replayed = [r for r in replay_rows(demo_tokenizer, rows, target, eot) if r.span is not None]
     cfg = GuidedConfig()
-    plans = [to_search(r.row["id"], r.span, r.counts.expected_reply, cfg) for r in replayed]
+    plans = [to_search(r.span, r.counts.expected_reply, cfg) for r in replayed]
     searched = [p for p in plans if p is not None]
     scorer = EngineScorer(plain_server.url, target.model, cfg.engine_concurrency)
     backends = {
