@@ -314,8 +314,8 @@ def guide_table(
     """Re-split the reply of every `guided` row of a reconstructed table with `search` (a backend's `guide`); returns
     the table, what changed, and the ids of the rows it changed.
 
-    A row whose one-pass length is already the provider's count is searched at that count (unless `counted_rows` is
-    `skip`); a row whose length differs is searched toward that count; a row without a count is searched as it stands.
+    A row whose one-pass length is already the provider's count is left as it is (`counted_rows: skip`) or searched at
+    that count (`search`); a row whose length differs is searched toward it; a row without a count is searched as is.
     """
     rows = table.to_pylist()
     picked, spans = [], []
