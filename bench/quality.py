@@ -75,6 +75,7 @@ def held_out_files(work: Path, per_kind: int) -> dict[str, Path]:
         if len(kinds[kind]) < per_kind and len(row["reply"].get("content") or "") < 2000:
             kinds[kind].append({"messages": json.loads(row["messages"]) + [row["reply"]]})
     files = {}
+    work.mkdir(parents=True, exist_ok=True)
     for kind, picked in kinds.items():
         files[kind] = work / f"{kind}.jsonl"
         files[kind].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in picked), encoding="utf-8")

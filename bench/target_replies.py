@@ -2,6 +2,7 @@
 trained (loss-masked) tokens.
 
     export DRAFTSMITH_VLLM_PYTHON=.venv-vllm/bin/python          # the venv `make test-vllm` builds
+    .venv/bin/python bench/target_replies.py generate --first-turns 700 --bfcl 60   # the committed table's replies
     .venv/bin/python bench/target_replies.py generate              # every readable first turn + BFCL, at most 768 tokens
     .venv/bin/python bench/target_replies.py arm b --budget 200000   # one arm; (a) (b) (c) (d)
     .venv/bin/python bench/target_replies.py speed --budget 1000000  # vLLM greedy vs speculative at k = 2, 3, 4
@@ -11,7 +12,10 @@ trained (loss-masked) tokens.
 for the prompts it lacks) from vLLM on CPU, started as `evaluate.engine: vllm` starts it (127.0.0.1, no seed,
 `return_token_ids`): the first user turns of ShareGPT conversations before the held-out slice, and BFCL prompts
 with their tools, at temperature 0.7 and at most `--max-tokens` reply tokens. It prints the engine's throughput
-and how many replies the limit cut.
+and how many replies the limit cut. The journal is copied, compressed, beside the results
+(bench/results/target-replies-journal.jsonl.gz, committed): a fresh checkout starts from it, so the same command asks
+for nothing already bought, and every arm of one table trains on the same replies (an arm refuses a journal of another
+size than the arms before it drew from).
 
 Each arm trains on rows whose trained tokens add up to `--budget`, with the settings, held-out prompts and decoding
 of `bench/quality.py`'s curve (three epochs offline, k = 4, 64 new tokens, temperature 0):
@@ -24,7 +28,9 @@ bench/results/target-replies.json (committed), so the table fills arm by arm.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -49,6 +55,9 @@ from tasks.storage import read_table, write_table  # noqa: E402
 
 WORK = Path("runs/bench-target").resolve()
 RESULTS = Path(__file__).resolve().parent / "results" / "target-replies.json"
+# The bought replies, committed beside the results: the arms of one table train on the same replies, whichever
+# machine runs them, and a fresh checkout asks the engine only for prompts the copy lacks.
+JOURNAL_COPY = RESULTS.with_name("target-replies-journal.jsonl.gz")
 BFCL = [f"pypi:bfcl-eval==2026.3.23/bfcl_eval/data/BFCL_v4_{name}.json" for name in ("live_simple", "live_multiple")]
 # What each arm trains on: the reconstruct methods over the target's replies (None: ShareGPT's own replies).
 ARMS = {"a": None, "b": ["server_ids"], "c": ["reencode"], "d": ["guided"]}
@@ -94,11 +103,33 @@ def reply_tokens(config: RunConfig) -> tuple[int, int, int]:
     return len(done), sum(r.get("completion_tokens") or 0 for r in done), sum(r.get("finish_reason") == "length" for r in done)
 
 
+def journal_path() -> Path:
+    return stage_dir(RunConfig(name="replies", runs_dir=WORK), "generate") / "journal.jsonl"
+
+
+def restore_journal() -> None:
+    """Start from the committed copy where this machine has no journal yet."""
+    journal = journal_path()
+    if journal.exists() or not JOURNAL_COPY.exists():
+        return
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(JOURNAL_COPY, "rb") as copy, open(journal, "wb") as out:
+        shutil.copyfileobj(copy, out)
+    print(f"journal restored from {JOURNAL_COPY.name}")
+
+
+def keep_journal() -> None:
+    JOURNAL_COPY.parent.mkdir(parents=True, exist_ok=True)
+    with open(journal_path(), "rb") as journal, gzip.GzipFile(JOURNAL_COPY, "wb", mtime=0) as copy:
+        shutil.copyfileobj(journal, copy)
+
+
 def generate(demo: RunConfig, args) -> None:
     from tasks.generate.stage import run_generate
     from tasks.vllm_server import VllmServer
 
     WORK.mkdir(parents=True, exist_ok=True)
+    restore_journal()
     # BFCL prompts carry tools with tool_choice "auto", which vLLM serves only with a tool-call parser: the demo
     # target writes Hermes calls (its `chatml` format).
     tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
@@ -107,7 +138,10 @@ def generate(demo: RunConfig, args) -> None:
         config = replies_config(demo, server.url, args)
         before = reply_tokens(config)
         started = time.perf_counter()
-        run_generate(config)
+        try:
+            run_generate(config)
+        finally:
+            keep_journal()
         seconds = time.perf_counter() - started
     rows, tokens, cut = reply_tokens(config)
     print(f"vLLM ready in {server.startup_s:.0f} s; {rows - before[0]} replies bought this run in {seconds:.0f} s, ")
@@ -159,13 +193,32 @@ def rebuild(demo: RunConfig, arm: str) -> dict:
     return {"rebuild_s": round(seconds, 1), "classes": checked["classes"], "counts": rebuilt.get("count_verdicts")}
 
 
+def same_replies() -> int:
+    """The journal's reply count, which every arm on the target's replies must share: each draws its rows from it in
+    one hashed order, so a journal that grew between arms would give them other rows."""
+    from tasks.generate.journal import read_journal
+
+    replies = len(read_journal(journal_path()).done)
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    for arm in ("b", "c", "d"):
+        for budget, result in results.get(arm, {}).items():
+            if result.get("journal_replies", replies) != replies:
+                raise SystemExit(
+                    f"{RESULTS}: arm ({arm}) at {budget} tokens was drawn from {result['journal_replies']} bought "
+                    f"replies, the journal holds {replies}: run generate with that arm's flags, or rerun every arm"
+                )
+    return replies
+
+
 def run_arm(demo: RunConfig, arm: str, budget: int, args) -> dict:
     from tasks.extract.stage import EXTRACT
     from tasks.merge.stage import run_merge
     from tasks.target_model.loader import load_model
 
     pool = build_pool(demo, Path("runs/bench-quality").resolve(), args.pool_rows, args.held_out, False)
-    rebuilt = rebuild(demo, arm) if ARMS[arm] is not None else {}
+    rebuilt = {}
+    if ARMS[arm] is not None:
+        rebuilt = {"journal_replies": same_replies()} | rebuild(demo, arm)
     config = arm_config(demo, pool, arm, budget, args, 1)
     run_merge(config)
     manifest = json.loads((stage_dir(config, "merge") / "manifest.json").read_text())
@@ -241,6 +294,30 @@ def table() -> None:
             )
 
 
+def plot(path: Path) -> None:
+    """τ ± σ against trained tokens, one series per arm: the dataset's replies (today's curve) beside the target's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = json.loads(RESULTS.read_text())
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm in ARMS:
+        runs = sorted(results.get(arm, {}).values(), key=lambda r: r["trained_tokens"])
+        if runs:
+            tokens, tau, sigma = ([r[key] for r in runs] for key in ("trained_tokens", "tau", "sigma_k4"))
+            ax.errorbar(tokens, tau, yerr=sigma, marker="o", capsize=3, label=f"({arm}) {ARM_NAMES[arm]}")
+    ax.set_xscale("log")
+    ax.set_xlabel("trained (loss-masked) tokens, three epochs")
+    ax.set_ylabel("τ at k=4 (± bootstrap σ)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["generate", "arm", "speed", "table"])
@@ -269,6 +346,7 @@ def main() -> None:
         table()
     else:
         table()
+        plot(Path(__file__).resolve().parent.parent / "docs" / "target-replies.png")
 
 
 if __name__ == "__main__":
