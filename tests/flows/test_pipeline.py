@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -128,8 +129,6 @@ def test_changed_config_reruns_that_stage_and_downstream_only(tiny_run, prefect_
 
 def delete_run(server: str, run_id: str) -> int:
     """DELETE a flow run; the test server answers 503 while its database is busy with the worker's run."""
-    import time
-
     for _ in range(10):
         status = httpx.delete(f"{server}/flow_runs/{run_id}").status_code
         if status != 503:
