@@ -24,7 +24,7 @@ collect_ignore_glob = [] if os.environ.get("DRAFTSMITH_VLLM_PYTHON") else ["vllm
 # one unit of work, so its fixture is built once per suite, not once per worker; every other test is a unit of its
 # own, so the two workers stay evenly loaded.
 SHARED_FIXTURES = {
-    "tiny_run": {"tests/flows/test_pipeline.py", "tests/flows/test_pipeline_dask.py"},
+    "tiny_run": {"tests/flows/test_pipeline.py"},
     "crash_runs": {"tests/reliability/test_crash_resume.py", "tests/reliability/test_gates_hold.py"},
 }
 
@@ -169,53 +169,15 @@ def sampled_generations(demo_tokenizer, demo_model):
 
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory):
-    """A real `prefect server start` on 127.0.0.1 (own home and database); yields its API URL.
+def prefect_server(prefect_harness):
+    """The API URL of the session's test server (the harness's `prefect server`, on 127.0.0.1).
 
-    Pipeline runs launched as subprocesses with PREFECT_API_URL set record everything here, and
-    skip the temporary API each process would otherwise start.
+    Pipeline runs launched as subprocesses with PREFECT_API_URL set record everything there, and skip the temporary
+    API each process would otherwise start.
     """
-    import socket
-    import subprocess
-    import sys
-    import time
+    from prefect.settings import PREFECT_API_URL
 
-    import httpx
-
-    home = tmp_path_factory.mktemp("prefect-server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = os.environ | {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    log = open(home / "server.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}/api"
-    deadline = time.time() + 180
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError(f"prefect server did not start; see {home / 'server.log'}")
-        time.sleep(0.5)
-    try:
-        yield url
-    finally:
-        proc.terminate()  # SIGTERM: a backgrounded server ignores SIGINT
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    return PREFECT_API_URL.value()
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,7 @@
-"""Run the `draftsmith` command as a separate process, as a user would, and hash what it wrote."""
+"""Run the `draftsmith` command as a separate process, as a user would, and read what it wrote."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -74,15 +73,6 @@ def run_on_worker(api_url: str, deployment_id: str, pool: str, env: dict[str, st
         worker.terminate()
         worker.wait(60)
     return run
-
-
-def tree_hashes(root: Path, skip: tuple[str, ...] = ("_stage.json", ".lock")) -> dict[str, str]:
-    """sha256 of every file under `root`, by relative path."""
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name not in skip
-    }
 
 
 def tree_stats(root: Path) -> dict[str, tuple[int, int]]:

@@ -49,10 +49,13 @@ def reliability_report():
 
 
 @pytest.fixture(scope="session")
-def prefect_server_home(prefect_server, tmp_path_factory):
-    """The home (database, logs) of the session's Prefect server."""
-    (home,) = tmp_path_factory.getbasetemp().glob("prefect-server[0-9]*")
-    return home
+def prefect_server_home(prefect_server):
+    """The folder of the session's Prefect server database (which also holds every run's logs)."""
+    from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL
+
+    database = Path(str(PREFECT_SERVER_DATABASE_CONNECTION_URL.value()).removeprefix("sqlite+aiosqlite:///"))
+    assert database.is_file(), database  # a scan of a folder without the database would find nothing
+    return database.parent
 
 
 @pytest.fixture(scope="session")

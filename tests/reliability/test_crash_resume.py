@@ -33,7 +33,13 @@ def test_each_run_dies_by_sigkill_inside_its_stage(crash_runs, reliability_repor
     assert crash_runs.final_rc == 0 and crash_runs.clean_rc == 0
 
 
+def test_the_uninterrupted_run_spread_its_shards_over_dask(crash_runs):
+    assert "distributed.scheduler" in crash_runs.logs[0].read_text()  # the log of the uninterrupted run
+
+
 def test_resumed_outputs_match_the_uninterrupted_run(crash_runs):
+    """Killed and resumed on threads, the outputs are those of the run on Dask: data byte for byte, the draft to a
+    tolerance (training in two processes agrees to ~1e-8 in fp32, not bit for bit)."""
     clean = output_digests(crash_runs.clean_dir, crash_runs.runs_dir_names[0])
     resumed = output_digests(crash_runs.resumed_dir, crash_runs.runs_dir_names[1])
     assert sorted(resumed) == sorted(clean)

@@ -1,13 +1,18 @@
-"""Secrets: a sentinel key used for a real run appears nowhere (files, logs, Prefect database, artifacts)."""
+"""Secrets: a sentinel key used for a real run appears nowhere (files, logs, Prefect database, artifacts).
+
+The generate flow runs here in the test's process against the session's Prefect server; the same scan over a whole
+pipeline run by the `draftsmith` command is in test_crash_resume.py."""
 
 import json
+import logging
 
+import httpx
 import pytest
-import yaml
+from prefect.logging.handlers import APILogHandler
 
+from flows.generate import generate_flow
 from tasks.config import ApiConfig, GenerateConfig, RequestConfig, RunConfig, SourceConfig
 from tasks.storage import read_table
-from tests.pipeline_runs import run_cli
 from tests.reliability.secret_scan import scan_files, scan_prefect_api
 from tests.support.faults import CannedServer
 
@@ -16,7 +21,10 @@ KEY_ENV = "DRAFTSMITH_SECRET_TEST_KEY"
 SENTINEL = "sk-or-v1-SENTINEL-d41d8cd98f00b204e980"
 
 
-def test_sentinel_key_is_sent_but_never_written(tmp_path, prefect_server, prefect_server_home, reliability_report):
+def test_sentinel_key_is_sent_but_never_written(
+    tmp_path, prefect_server, prefect_server_home, reliability_report, monkeypatch, caplog, capfd
+):
+    monkeypatch.setenv(KEY_ENV, SENTINEL)
     server = CannedServer().start()
     try:
         prompts = tmp_path / "prompts.jsonl"
@@ -34,18 +42,17 @@ def test_sentinel_key_is_sent_but_never_written(tmp_path, prefect_server, prefec
                 max_error_rate=0.5,
             ),
         )
-        config_file = tmp_path / "secrets.yaml"
-        config_file.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-        result = run_cli(
-            ["run", "--config", str(config_file), "--stage", "generate"],
-            api_url=prefect_server,
-            env={KEY_ENV: SENTINEL},
-            timeout=300,
-        )
+        with caplog.at_level(logging.DEBUG):
+            state = generate_flow(config, return_state=True)
     finally:
         server.stop()
-    (tmp_path / "cli.log").write_text(result.stdout + result.stderr)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert state.is_completed(), state
+    APILogHandler().flush()  # the run's logs are in the server's database before it is scanned
+    run = {"flow_run_id": {"any_": [str(state.state_details.flow_run_id)]}}
+    logs = httpx.post(f"{prefect_server}/logs/filter", json={"logs": run})
+    assert logs.json(), "the scan would miss the run's logs"
+    captured = capfd.readouterr()
+    (tmp_path / "run.log").write_text(caplog.text + captured.out + captured.err)
     assert server.headers_seen and all(h == f"Bearer {SENTINEL}" for h in server.headers_seen)  # the key was really used
 
     found = scan_files([tmp_path, prefect_server_home], SENTINEL) + scan_prefect_api(prefect_server, SENTINEL)
