@@ -193,6 +193,19 @@ def rebuild(demo: RunConfig, arm: str) -> dict:
     return {"rebuild_s": round(seconds, 1), "classes": checked["classes"], "counts": rebuilt.get("count_verdicts")}
 
 
+def trained_classes(arm: str, budget: int) -> dict:
+    """(c), (d): how many of the arm's trained rows, and of their trained tokens, are exact or BPE-only against the
+    server's ids (the validation check of the arm's rebuild)."""
+    checks = read_table("validation", stage_dir(RunConfig(name=f"arm-{arm}", runs_dir=WORK), "validate"))
+    klass = {r["id"]: r["klass"] for r in checks.to_pylist() if r["mode"] == "check"}
+    trained = read_table("merged", WORK / f"arm-{arm}-{budget}" / "merged" / "train", columns=["id", "num_trained"])
+    rows, tokens = {}, {}
+    for r in trained.to_pylist():
+        rows[klass[r["id"]]] = rows.get(klass[r["id"]], 0) + 1
+        tokens[klass[r["id"]]] = tokens.get(klass[r["id"]], 0) + r["num_trained"]
+    return {"trained_rows_by_class": rows, "trained_tokens_by_class": tokens}
+
+
 def same_replies() -> int:
     """The journal's reply count, which every arm on the target's replies must share: each draws its rows from it in
     one hashed order, so a journal that grew between arms would give them other rows."""
@@ -234,6 +247,8 @@ def run_arm(demo: RunConfig, arm: str, budget: int, args) -> dict:
     )
     result = {"arm": arm, "budget": budget, "rows": manifest["counts"][source]["train"], "trained_tokens": trained_tokens}
     result |= {"tokens": manifest["counts"][source]["train_tokens"], "extract_s": round(extract_s, 1), **rebuilt}
+    if arm in ("c", "d"):
+        result |= trained_classes(arm, budget)
     return result | train_and_score(config, target, args, per_epoch)
 
 
@@ -278,6 +293,8 @@ def table() -> None:
             classes = r.get("classes") or {}
             verified = sum(classes.get(k, 0) for k in ("exact", "bpe_only", "semantic"))
             exact = f"{classes['exact'] / verified:.1%}" if arm in ("c", "d") and verified else "-"
+            if "trained_rows_by_class" in r:  # how many of the rows it trained on are BPE-only
+                exact += f"; {r['trained_rows_by_class'].get('bpe_only', 0)} of {r['rows']} trained rows BPE-only"
             accept = " ".join(f"{a:.2f}" for a in r["per_position"])
             print(
                 f"| ({arm}) {ARM_NAMES[arm]} | {r['trained_tokens']} | {r['rows']} | {r['tau']:.3f} ± {r['sigma_k4']:.3f} "
