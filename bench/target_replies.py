@@ -284,6 +284,27 @@ def record(key: str, budget: int, result: dict) -> None:
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
 
+def paired_gap(arm: str, budget: int, draws: int = 5000, seed: int = 0) -> tuple[float, float]:
+    """τ(arm) − τ(b) on the same held-out prompts, and its σ by a paired bootstrap (the same prompts drawn for both)."""
+    import numpy as np
+
+    def by_prompt(name: str) -> dict:
+        results = WORK / f"arm-{name}-{budget}" / "eval" / "results.json"
+        return {r["id"]: r for r in json.loads(results.read_text())["prompts"]}
+
+    def tokens_and_forwards(rows: dict, ids: list[str]):
+        forwards = np.array([rows[i]["target_forwards"] for i in ids], dtype=float)
+        return np.array([rows[i]["acceptance_length"] for i in ids]) * forwards, forwards
+
+    ours, theirs = by_prompt(arm), by_prompt("b")
+    ids = sorted(ours.keys() & theirs.keys())
+    (t1, f1), (t0, f0) = tokens_and_forwards(ours, ids), tokens_and_forwards(theirs, ids)
+    picks = np.random.default_rng(seed).integers(0, len(ids), size=(draws, len(ids)))
+    full = t1.sum() / f1.sum() - t0.sum() / f0.sum()
+    drawn = t1[picks].sum(1) / f1[picks].sum(1) - t0[picks].sum(1) / f0[picks].sum(1)
+    return float(full), float(drawn.std())
+
+
 def table() -> None:
     results = json.loads(RESULTS.read_text())
     print("| arm | trained tokens | rows | τ at k=4 ± σ | acceptance 1..4 | τ_sim | exact rows vs (b) | train s |")
@@ -300,6 +321,11 @@ def table() -> None:
                 f"| ({arm}) {ARM_NAMES[arm]} | {r['trained_tokens']} | {r['rows']} | {r['tau']:.3f} ± {r['sigma_k4']:.3f} "
                 f"| {accept} | {r['tau_sim']:.3f} | {exact} | {r['train_s']:.0f} |"
             )
+    for arm in ("a", "c", "d"):
+        for budget, r in sorted(results.get(arm, {}).items(), key=lambda p: int(p[0])):
+            if "tau_gap_vs_b" in r:
+                gap, sigma = r["tau_gap_vs_b"]
+                print(f"\nτ({arm}) − τ(b) at {budget}: {gap:+.3f} ± {sigma:.3f} (paired bootstrap over the same prompts)")
     for budget, by_k in sorted(results.get("speed", {}).items()):
         print(f"\nvLLM with arm (b)'s draft at {budget} trained tokens: greedy vs speculative tokens/s, and draftsmith's loop")
         print("| k | τ (vLLM) | vLLM greedy / speculative | τ (draftsmith) | draftsmith greedy / speculative |")
@@ -312,23 +338,25 @@ def table() -> None:
 
 
 def plot(path: Path) -> None:
-    """τ ± σ against trained tokens, one series per arm: the dataset's replies (today's curve) beside the target's."""
+    """τ ± σ per arm, one series per budget: the dataset's replies (today's curve) beside the target's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     results = json.loads(RESULTS.read_text())
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for arm in ARMS:
-        runs = sorted(results.get(arm, {}).values(), key=lambda r: r["trained_tokens"])
-        if runs:
-            tokens, tau, sigma = ([r[key] for r in runs] for key in ("trained_tokens", "tau", "sigma_k4"))
-            ax.errorbar(tokens, tau, yerr=sigma, marker="o", capsize=3, label=f"({arm}) {ARM_NAMES[arm]}")
-    ax.set_xscale("log")
-    ax.set_xlabel("trained (loss-masked) tokens, three epochs")
+    budgets = sorted({int(b) for arm in ARMS for b in results.get(arm, {})})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for n, budget in enumerate(budgets):
+        shift = (n - (len(budgets) - 1) / 2) * 0.15
+        arms = [arm for arm in ARMS if str(budget) in results.get(arm, {})]
+        runs = [results[arm][str(budget)] for arm in arms]
+        x = [list(ARMS).index(arm) + shift for arm in arms]
+        tau, sigma = [r["tau"] for r in runs], [r["sigma_k4"] for r in runs]
+        ax.errorbar(x, tau, yerr=sigma, marker="o", linestyle="none", capsize=3, label=f"{budget:,} trained tokens")
+    ax.set_xticks(range(len(ARMS)), [f"({arm})\n{ARM_NAMES[arm]}" for arm in ARMS], fontsize=7)
     ax.set_ylabel("τ at k=4 (± bootstrap σ)")
-    ax.grid(True, alpha=0.3)
+    ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -356,7 +384,10 @@ def main() -> None:
     if args.what == "generate":
         generate(demo, args)
     elif args.what == "arm":
-        record(args.arm, args.budget, run_arm(demo, args.arm, args.budget, args))
+        result = run_arm(demo, args.arm, args.budget, args)
+        if args.arm != "b" and (WORK / f"arm-b-{args.budget}" / "eval").exists():
+            result["tau_gap_vs_b"] = paired_gap(args.arm, args.budget)
+        record(args.arm, args.budget, result)
         table()
     elif args.what == "speed":
         record("speed", args.budget, speed(demo, args.budget, args))
