@@ -33,6 +33,7 @@ import json
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -199,11 +200,11 @@ def trained_classes(arm: str, budget: int) -> dict:
     checks = read_table("validation", stage_dir(RunConfig(name=f"arm-{arm}", runs_dir=WORK), "validate"))
     klass = {r["id"]: r["klass"] for r in checks.to_pylist() if r["mode"] == "check"}
     trained = read_table("merged", WORK / f"arm-{arm}-{budget}" / "merged" / "train", columns=["id", "num_trained"])
-    rows, tokens = {}, {}
+    rows, tokens = Counter(), Counter()
     for r in trained.to_pylist():
-        rows[klass[r["id"]]] = rows.get(klass[r["id"]], 0) + 1
-        tokens[klass[r["id"]]] = tokens.get(klass[r["id"]], 0) + r["num_trained"]
-    return {"trained_rows_by_class": rows, "trained_tokens_by_class": tokens}
+        rows[klass[r["id"]]] += 1
+        tokens[klass[r["id"]]] += r["num_trained"]
+    return {"trained_rows_by_class": dict(rows), "trained_tokens_by_class": dict(tokens)}
 
 
 def same_replies() -> int:
