@@ -169,14 +169,22 @@ def eval_dir(config: RunConfig, k: int, engine: str = "") -> Path:
     return stage_dir(config, "evaluate").with_name(name)
 
 
+def prompt_totals(results: Path, ids: list[str] | None = None):
+    """Per held-out prompt (all, or `ids` in that order): tokens accepted and target forwards, whose pooled ratio is τ."""
+    import numpy as np
+
+    rows = {r["id"]: r for r in json.loads(results.read_text())["prompts"]}
+    picked = [rows[i] for i in (rows if ids is None else ids)]
+    forwards = np.array([r["target_forwards"] for r in picked], dtype=float)
+    return np.array([r["acceptance_length"] for r in picked]) * forwards, forwards
+
+
 def tau_sigma(results: Path, draws: int = 5000, seed: int = 0) -> float:
     """σ of the pooled τ over the held-out prompts, by bootstrap (prompts drawn with replacement)."""
     import numpy as np
 
-    rows = json.loads(results.read_text())["prompts"]
-    forwards = np.array([r["target_forwards"] for r in rows], dtype=float)
-    tokens = np.array([r["acceptance_length"] for r in rows]) * forwards
-    picks = np.random.default_rng(seed).integers(0, len(rows), size=(draws, len(rows)))
+    tokens, forwards = prompt_totals(results)
+    picks = np.random.default_rng(seed).integers(0, len(tokens), size=(draws, len(tokens)))
     return float((tokens[picks].sum(1) / np.maximum(forwards[picks].sum(1), 1)).std())
 
 

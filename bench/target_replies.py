@@ -45,6 +45,7 @@ from bench.quality import (  # noqa: E402
     batches_per_epoch,
     build_pool,
     held_out_sources,
+    prompt_totals,
     rows_for,
     run_settings,
     train_and_score,
@@ -289,17 +290,9 @@ def paired_gap(arm: str, budget: int, draws: int = 5000, seed: int = 0) -> tuple
     """τ(arm) − τ(b) on the same held-out prompts, and its σ by a paired bootstrap (the same prompts drawn for both)."""
     import numpy as np
 
-    def by_prompt(name: str) -> dict:
-        results = WORK / f"arm-{name}-{budget}" / "eval" / "results.json"
-        return {r["id"]: r for r in json.loads(results.read_text())["prompts"]}
-
-    def tokens_and_forwards(rows: dict, ids: list[str]):
-        forwards = np.array([rows[i]["target_forwards"] for i in ids], dtype=float)
-        return np.array([rows[i]["acceptance_length"] for i in ids]) * forwards, forwards
-
-    ours, theirs = by_prompt(arm), by_prompt("b")
-    ids = sorted(ours.keys() & theirs.keys())
-    (t1, f1), (t0, f0) = tokens_and_forwards(ours, ids), tokens_and_forwards(theirs, ids)
+    ours, theirs = (WORK / f"arm-{name}-{budget}" / "eval" / "results.json" for name in (arm, "b"))
+    ids = sorted(set.intersection(*({r["id"] for r in json.loads(p.read_text())["prompts"]} for p in (ours, theirs))))
+    (t1, f1), (t0, f0) = prompt_totals(ours, ids), prompt_totals(theirs, ids)
     picks = np.random.default_rng(seed).integers(0, len(ids), size=(draws, len(ids)))
     full = t1.sum() / f1.sum() - t0.sum() / f0.sum()
     drawn = t1[picks].sum(1) / f1[picks].sum(1) - t0[picks].sum(1) / f0[picks].sum(1)

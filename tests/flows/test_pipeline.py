@@ -100,6 +100,18 @@ def test_the_pipeline_run_by_a_worker_records_subflows_tasks_and_artifacts(tiny_
     assert max(len(row) for row in shown) <= 180 and str(run_dir.parent) not in report.split("\n", 3)[3]
 
 
+def test_rerun_skips_every_stage_and_rewrites_nothing(tiny_run, prefect_server):
+    run_dir, _, _ = tiny_run
+    before = tree_stats(run_dir)
+    done = run_tiny(run_dir.parent, api_url=prefect_server)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert tree_stats(run_dir) == before  # no file rewritten (size and mtime of every file unchanged)
+    assert done.stdout.count("up to date") + done.stderr.count("up to date") == len(STAGE_FLOWS)
+    reports = [a for a in api(prefect_server, "/artifacts/filter") if a["key"] == "run-report"]
+    latest = max(reports, key=lambda a: a["created"])["data"]
+    assert latest.count("| up to date | - |") == len(STAGE_FLOWS)  # no seconds of an earlier run
+
+
 def test_a_rerun_skips_what_is_current_rewrites_nothing_there_and_reruns_a_changed_stage(tiny_run, prefect_server, tmp_path):
     """A rerun with only the evaluate settings changed: every upstream stage is skipped without a file rewritten
     (size and mtime of each unchanged), and the run report shows them as up to date with no seconds of an earlier
