@@ -187,7 +187,7 @@ def tiny_run(prefect_server, tmp_path_factory):
     triggered by API, once, uninterrupted, recorded in `prefect_server`.
 
     The generate task fails once on purpose (a failpoint) so that a retry shows in the task history.
-    Yields (run_dir, the deploy command's completed process, the pipeline's flow run).
+    Yields (run_dir, the deploy command's result, the pipeline's flow run).
     """
     import httpx
 
@@ -195,8 +195,8 @@ def tiny_run(prefect_server, tmp_path_factory):
 
     runs_dir = tmp_path_factory.mktemp("tiny-runs")
     schedule = ["--set", "orchestration.schedule_cron=0 3 * * *", "--set", "orchestration.schedule_timezone=Europe/Paris"]
-    deployed = deploy_tiny(runs_dir, prefect_server, "tiny-pool", schedule)
-    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-5000:]
+    deployed = deploy_tiny(runs_dir, "tiny-pool", schedule)
+    assert deployed.exit_code == 0, deployed.output[-5000:]
     [pipeline] = httpx.post(f"{prefect_server}/deployments/filter", json={"deployments": {"name": {"any_": ["tiny"]}}}).json()
     run = run_on_worker(prefect_server, pipeline["id"], "tiny-pool", env={"DRAFTSMITH_FAILPOINTS": "generate.task=fail-once"})
     assert run["state_type"] == "COMPLETED", run["state"]

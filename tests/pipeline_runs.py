@@ -1,4 +1,4 @@
-"""Run the `draftsmith` command as a separate process, as a user would, and read what it wrote."""
+"""Run the `draftsmith` command as a user would (a separate process, or in this one for deploy), and read what it wrote."""
 
 from __future__ import annotations
 
@@ -34,16 +34,15 @@ def run_cli(
     )
 
 
-def run_tiny(runs_dir: Path, api_url: str | None = None, env: dict | None = None, extra: list[str] = ()):
-    """The tiny pipeline config into `runs_dir`."""
-    args = ["run", "--config", str(TINY), "--set", f"runs_dir={runs_dir}", *extra]
-    return run_cli(args, api_url=api_url, env=env)
+def deploy_tiny(runs_dir: Path, pool: str, extra: list[str] = ()):
+    """`draftsmith deploy --no-serve` of the tiny config into `runs_dir`, on work pool `pool`, run in this process
+    against its Prefect API; the click result (exit code, what it printed)."""
+    from typer.testing import CliRunner
 
+    from flows.cli import app
 
-def deploy_tiny(runs_dir: Path, api_url: str, pool: str, extra: list[str] = ()) -> subprocess.CompletedProcess:
-    """`draftsmith deploy --no-serve` of the tiny config into `runs_dir`, on work pool `pool`."""
     args = ["--config", str(TINY), "--set", f"runs_dir={runs_dir}", "--set", f"orchestration.work_pool={pool}", *extra]
-    return run_cli(["deploy", "--no-serve", *args], api_url=api_url)
+    return CliRunner().invoke(app, ["deploy", "--no-serve", *args])
 
 
 def run_on_worker(api_url: str, deployment_id: str, pool: str, env: dict[str, str] | None = None, timeout: float = 900) -> dict:

@@ -9,10 +9,11 @@ import time
 
 import httpx
 import pytest
+from prefect import tags
 
-from tasks.run_report import STAGE_ARTIFACTS
+from tasks.run_report import STAGE_ARTIFACTS, UP_TO_DATE
 from tasks.stages import STAGE_NAMES
-from tests.pipeline_runs import ROOT, run_tiny, tree_stats
+from tests.pipeline_runs import ROOT, TINY, tree_stats
 
 pytestmark = pytest.mark.slow
 
@@ -100,16 +101,28 @@ def test_the_pipeline_run_by_a_worker_records_subflows_tasks_and_artifacts(tiny_
     assert max(len(row) for row in shown) <= 180 and str(run_dir.parent) not in report.split("\n", 3)[3]
 
 
+def rerun_tiny(runs_dir, extra: list[str] = ()) -> dict:
+    """The tiny pipeline run again in this process, as `draftsmith run` runs it; each stage's summary."""
+    from flows.cli import read_config
+    from flows.pipeline import eagle3_pipeline
+
+    config = read_config(TINY, [f"runs_dir={runs_dir}", *extra], stages=STAGE_NAMES)
+    with tags(config.name, "pipeline"):
+        return eagle3_pipeline(config)
+
+
+def latest_report(url: str) -> str:
+    reports = [a for a in api(url, "/artifacts/filter") if a["key"] == "run-report"]
+    return max(reports, key=lambda a: a["created"])["data"]
+
+
 def test_rerun_skips_every_stage_and_rewrites_nothing(tiny_run, prefect_server):
     run_dir, _, _ = tiny_run
     before = tree_stats(run_dir)
-    done = run_tiny(run_dir.parent, api_url=prefect_server)
-    assert done.returncode == 0, done.stderr[-3000:]
+    results = rerun_tiny(run_dir.parent)
     assert tree_stats(run_dir) == before  # no file rewritten (size and mtime of every file unchanged)
-    assert done.stdout.count("up to date") + done.stderr.count("up to date") == len(STAGE_FLOWS)
-    reports = [a for a in api(prefect_server, "/artifacts/filter") if a["key"] == "run-report"]
-    latest = max(reports, key=lambda a: a["created"])["data"]
-    assert latest.count("| up to date | - |") == len(STAGE_FLOWS)  # no seconds of an earlier run
+    assert [stage for stage in STAGE_NAMES if results[stage].get(UP_TO_DATE)] == list(STAGE_NAMES)
+    assert latest_report(prefect_server).count("| up to date | - |") == len(STAGE_FLOWS)  # no seconds of an earlier run
 
 
 def test_a_rerun_skips_what_is_current_rewrites_nothing_there_and_reruns_a_changed_stage(tiny_run, prefect_server, tmp_path):
@@ -120,17 +133,13 @@ def test_a_rerun_skips_what_is_current_rewrites_nothing_there_and_reruns_a_chang
     copy = tmp_path / "tiny"
     shutil.copytree(run_dir, copy)  # copy2 keeps mtimes, so the copy's stages stay current
     before = tree_stats(copy)
-    done = run_tiny(tmp_path, api_url=prefect_server, extra=["--set", "evaluate.max_new_tokens=6"])
-    assert done.returncode == 0, done.stderr[-3000:]
-    log = done.stdout + done.stderr
+    results = rerun_tiny(tmp_path, ["evaluate.max_new_tokens=6"])
     upstream = [stage for stage in STAGE_NAMES if stage != "evaluate"]
-    assert [stage for stage in STAGE_NAMES if f"stage {stage} is up to date" in log] == upstream
+    assert [stage for stage in STAGE_NAMES if results[stage].get(UP_TO_DATE)] == upstream
     after = tree_stats(copy)
     assert {k for k in after if after[k] != before.get(k)} <= {k for k in after if k.startswith("eval/")}
     assert {k for k in after if k.startswith("eval/results") and after[k] != before.get(k)}  # evaluate ran
-    reports = [a for a in api(prefect_server, "/artifacts/filter") if a["key"] == "run-report"]
-    latest = max(reports, key=lambda a: a["created"])["data"]
-    assert latest.count("| up to date | - |") == len(upstream)
+    assert latest_report(prefect_server).count("| up to date | - |") == len(upstream)
 
 
 def delete_run(server: str, run_id: str) -> int:

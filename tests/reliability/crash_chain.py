@@ -2,7 +2,9 @@
 
 The uninterrupted run spreads its shards over a local Dask cluster (one worker process), the killed runs use the
 default thread runner: equal outputs show both that a resumed run finishes what an uninterrupted one would, and
-that the runner does not change what a run writes."""
+that the runner does not change what a run writes. The uninterrupted run is a plain `draftsmith run` process; the
+killed and resumed ones are forked from a parent that imported what a run imports (tests/support/forked_cli.py),
+each a process of its own that SIGKILL ends alone."""
 
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ import pyarrow.parquet as pq
 import yaml
 
 from tasks.failpoints import ENV as FAILPOINTS_ENV
-from tests.pipeline_runs import ROOT, TINY, run_cli
+from tests.pipeline_runs import ROOT, TINY
 from tests.support.faults import CannedServer, canned_reply
+from tests.support.forked_cli import ForkedCli
 
 # (stage, failpoint placed after that stage's first durable unit of work)
 CHAIN = [
@@ -152,17 +155,15 @@ def _run_chain(root: Path, api_url: str, clean_server: CannedServer, chain_serve
     runs = CrashRuns(root / "clean" / "tiny", root / "resumed" / "tiny", (str(root / "clean"), str(root / "resumed")), 0, 0, {})
     runs.logs.append(clean_log)
     journal = runs.resumed_dir / "generations" / "journal.jsonl"
-    for stage, point in CHAIN:
-        result = run_cli(cli_args(config, root / "resumed"), api_url=api_url, env=env | {FAILPOINTS_ENV: f"{point}=kill"})
-        log = root / f"killed-{stage}.log"
-        log.write_text(result.stdout + result.stderr)
-        runs.logs.append(log)
-        lines = journal.read_bytes().count(b"\n") if journal.exists() else 0
-        runs.killed.append(KilledRun(stage, result.returncode, finished_stages(runs.resumed_dir), lines))
-    final = run_cli(cli_args(config, root / "resumed"), api_url=api_url, env=env)
-    (root / "final.log").write_text(final.stdout + final.stderr)
-    runs.logs.append(root / "final.log")
-    runs.final_rc = final.returncode
+    with ForkedCli(env) as cli:
+        for stage, point in CHAIN:
+            log = root / f"killed-{stage}.log"
+            returncode = cli.run(cli_args(config, root / "resumed"), log, {FAILPOINTS_ENV: f"{point}=kill"})
+            runs.logs.append(log)
+            lines = journal.read_bytes().count(b"\n") if journal.exists() else 0
+            runs.killed.append(KilledRun(stage, returncode, finished_stages(runs.resumed_dir), lines))
+        runs.final_rc = cli.run(cli_args(config, root / "resumed"), root / "final.log")
+        runs.logs.append(root / "final.log")
     runs.clean_rc = clean.wait(timeout=900)
     runs.requests = dict(chain_server.requests)
     return runs

@@ -11,14 +11,17 @@ import time
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from flows.cli import app
 from tasks.config import RunConfig
 from tasks.run_lock import RunLocked, run_lock
-from tests.pipeline_runs import ROOT, run_cli
+from tests.pipeline_runs import ROOT
 from tests.support.faults import CannedServer
 
 HOLD = """
 import sys, time
+from flows.cli import app
 from tasks.config import RunConfig
 from tasks.run_lock import run_lock
 with run_lock(RunConfig(name="locked", runs_dir=sys.argv[1])):
@@ -83,10 +86,11 @@ def test_two_runs_of_one_config_never_request_a_prompt_twice(tmp_path, prefect_s
         deadline = time.monotonic() + 120
         while not (lock.exists() and lock.stat().st_size) and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        second = run_cli(["run", "--config", str(path), "--stage", "generate"], api_url=prefect_server)
+        # The second run, started here while the first holds the lock, stops at once naming it.
+        second = CliRunner().invoke(app, ["run", "--config", str(path), "--stage", "generate"])
         out, _ = first.communicate(timeout=600)
         assert first.returncode == 0, out[-3000:]
-        assert second.returncode != 0 and f"in use by another run: pid {first.pid}" in second.stdout + second.stderr
+        assert isinstance(second.exception, RunLocked) and f"in use by another run: pid {first.pid}" in str(second.exception)
         assert sum(server.requests.values()) == 30  # each prompt bought once, by the first run
     finally:
         server.stop()
