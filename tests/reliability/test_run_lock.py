@@ -21,7 +21,6 @@ from tests.support.faults import CannedServer
 
 HOLD = """
 import sys, time
-from flows.cli import app
 from tasks.config import RunConfig
 from tasks.run_lock import run_lock
 with run_lock(RunConfig(name="locked", runs_dir=sys.argv[1])):

@@ -53,7 +53,10 @@ class ForkedCli:
         """Exit status of `draftsmith ARGS` with `env` added, its output in `log` (negative: killed by that signal)."""
         self.parent.stdin.write(json.dumps({"args": args, "log": str(log), "env": env or {}}) + "\n")
         self.parent.stdin.flush()
-        return int(self.parent.stdout.readline())
+        status = self.parent.stdout.readline()
+        if not status:
+            raise RuntimeError(f"the forking parent ended (exit {self.parent.wait(60)}) during `draftsmith {' '.join(args)}`")
+        return int(status)
 
     def close(self) -> None:
         if self.parent.stdin:
