@@ -11,9 +11,9 @@ from prefect.logging import get_run_logger
 from tasks.config import RunConfig
 from tasks.run_lock import holds_run_lock
 from tasks.run_report import UP_TO_DATE, run_artifacts, run_report_markdown
-from tasks.runners import build_task_runner
+from tasks.runners import pipeline_runners
 from tasks.stage_record import current_summary, save_record
-from tasks.stages import STAGE_NAMES, StageName, run_name, stage_flow
+from tasks.stages import BY_NAME, STAGE_NAMES, StageName, run_name, stage_flow
 from tasks.target_model.preflight import preflight_task
 
 
@@ -24,14 +24,15 @@ def call_stage_flow(subflow, config: RunConfig, force: bool) -> dict:
     return subflow(config)
 
 
-def run_stage(stage: str, config: RunConfig, force: bool) -> dict:
-    """Run one stage as a subflow unless its record says it is up to date (or it is forced)."""
+def run_stage(stage: str, config: RunConfig, force: bool, runner) -> dict:
+    """Run one stage as a subflow, on `runner(sharded)`'s task runner, unless its record says it is up to date (or it
+    is forced)."""
     summary = None if force else current_summary(config, stage)
     if summary is not None:
         get_run_logger().info("stage %s is up to date (same config and inputs): skipped", stage)
         return summary | {UP_TO_DATE: True}
     started = time.time()
-    subflow = stage_flow(stage).with_options(task_runner=build_task_runner(config.orchestration))
+    subflow = stage_flow(stage).with_options(task_runner=runner(BY_NAME[stage].sharded))
     with tags(config.name, stage):
         summary = call_stage_flow(subflow, config, force)
     save_record(config, stage, summary, started)
@@ -48,8 +49,9 @@ def eagle3_pipeline(config: RunConfig, force: list[StageName] | None = None) -> 
         force: Stages to rerun even when up to date (a reply already bought is never asked for again).
     """
     results = {"preflight": preflight_task(config.target)}
-    for stage in STAGE_NAMES:
-        results[stage] = run_stage(stage, config, stage in (force or []))
+    with pipeline_runners(config.orchestration) as runner:
+        for stage in STAGE_NAMES:
+            results[stage] = run_stage(stage, config, stage in (force or []), runner)
     from prefect.runtime import flow_run
 
     report = run_report_markdown(config, results, run_artifacts(flow_run.id))

@@ -24,6 +24,7 @@ class Stage:
     suite: str  # gate suite in expectations/ (its gate task and report artifact are both gate-<stage name>)
     artifacts: tuple[str, ...]  # artifact keys it publishes besides the gate report
     flow: str  # "module:attribute" of its Prefect flow
+    sharded: bool = False  # its rows go out as shard tasks (tasks/sharded.py), to the task runner's workers
 
     @property
     def gate_artifact(self) -> str:
@@ -48,6 +49,7 @@ STAGES: tuple[Stage, ...] = (
         "reconstructed",
         ("reconstruct-summary",),
         "flows.reconstruct:reconstruct_flow",
+        sharded=True,
     ),
     Stage(
         "validate",
@@ -57,6 +59,7 @@ STAGES: tuple[Stage, ...] = (
         "validation",
         ("validation-report",),
         "flows.validate:validate_flow",
+        sharded=True,
     ),
     Stage(
         "merge",
@@ -75,6 +78,7 @@ STAGES: tuple[Stage, ...] = (
         "hidden_states",
         ("extract-summary",),
         "flows.extract:extract_flow",
+        sharded=True,
     ),
     Stage(
         "train",

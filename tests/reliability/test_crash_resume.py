@@ -33,8 +33,10 @@ def test_each_run_dies_by_sigkill_inside_its_stage(crash_runs, reliability_repor
     assert crash_runs.final_rc == 0 and crash_runs.clean_rc == 0
 
 
-def test_the_uninterrupted_run_spread_its_shards_over_dask(crash_runs):
-    assert "distributed.scheduler" in crash_runs.logs[0].read_text()  # the log of the uninterrupted run
+def test_the_uninterrupted_run_spread_its_shards_over_dask_on_one_cluster(crash_runs):
+    """Its three sharded stages ran on one local cluster, started once for the run (not once per stage)."""
+    log = crash_runs.logs[0].read_text()  # the log of the uninterrupted run
+    assert log.count("distributed.scheduler - State start") == 1 and log.count("Register worker") == 1, log[-3000:]
 
 
 def test_resumed_outputs_match_the_uninterrupted_run(crash_runs):
