@@ -7,10 +7,11 @@ in simulate mode: exact rows recovered, at what cost, and what the counts tell.
 Samples SmolLM2 replies with their true ids and the counts a vLLM-shaped server reports (completion_tokens: the
 reply's ids, end of turn included), plays them through the text API (decode, split, drop the ids, keep the counts),
 rebuilds each by one-pass re-encoding (canonical), by `guided` searching every row without counts (the method before
-counts), by `guided` with the counts leaving rows already at their count as they are (`counted_rows: skip`, the
-default), and by `guided` with the counts on every row (`counted_rows: search`: rows at their count searched at it),
-and classifies all against the true ids. Cost is set beside the extract stage's forward pass over the same rows (same
-model, same threads, batched by length the way extract batches) and beside the every-row search.
+counts), by `guided` with the counts leaving rows already at their count as they are (`counted_rows: skip`),
+searching them at their ambiguous sites only, where they hold enough (`ambiguous`, the default), and searching every
+row (`counted_rows: search`: rows at their count searched at it), and classifies all against the true ids. Cost is
+set beside the extract stage's forward pass over the same rows (same model, same threads, batched by length the way
+extract batches) and beside the every-row search.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from bench.simulate_reencode import sharegpt_prompts  # noqa: E402
 from tasks.config import GuidedConfig, TargetConfig  # noqa: E402
 from tasks.extract.batching import pack_batches  # noqa: E402
 from tasks.extract.transformers_backend import TransformersBackend  # noqa: E402
-from tasks.reconstruct.guided import guide, to_search  # noqa: E402
+from tasks.reconstruct.guided import Resplitter, guide, to_search  # noqa: E402
 from tasks.target_model.chat import resolve_end_of_turn  # noqa: E402
 from tasks.target_model.loader import load_model, load_tokenizer  # noqa: E402
 from tasks.validate.simulate import replay_rows  # noqa: E402
@@ -51,7 +52,8 @@ def extract_seconds(model, rows: list[list[int]], batch_tokens: int) -> float:
 
 def guided_by_count(model, tokenizer, spans, cfg: GuidedConfig) -> tuple[list[list[int]], int]:
     """Each row's ids after the count-driven search, and how many rows it searched."""
-    plans = [to_search(s.span, s.counts.expected_reply, cfg) for s in spans]
+    splitter = Resplitter(tokenizer)
+    plans = [to_search(s.span, s.counts.expected_reply, cfg, splitter) for s in spans]
     searched = guide(model, tokenizer, [p for p in plans if p is not None], cfg)
     found = iter(searched)
     return [next(found).ids if p is not None else s.span.ids for s, p in zip(spans, plans, strict=True)], len(searched)
@@ -109,7 +111,10 @@ def main() -> None:
 
         methods = {
             "guided, every row, no counts (before counts)": timed(every_row),
-            "guided by count, rows at their count left (skip, default)": timed(
+            "guided by count, rows at their count left (skip)": timed(
+                lambda spans=spans: guided_by_count(model, tokenizer, spans, cfg.model_copy(update={"counted_rows": "skip"}))
+            ),
+            "guided by count, rows at their count searched at ambiguous sites (ambiguous, default)": timed(
                 lambda spans=spans: guided_by_count(model, tokenizer, spans, cfg)
             ),
             "guided by count, every row (search)": timed(

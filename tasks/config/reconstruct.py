@@ -55,10 +55,14 @@ class GuidedConfig(StrictModel):
     """An edit that changes a row's length where the provider's count does not call for it (the row already has the
     count, or the edit moves away from it) is kept only when it gains more than this: only strong evidence says two
     errors cancel there. The row is then searched back to the count for the other one."""
-    counted_rows: Literal["skip", "search"] = "skip"
-    """Rows whose one-pass length already has the provider's count: left as one pass made them, or searched at that
-    count (for a re-split of the same length, or two errors that cancel, which the count cannot point to): a forward
-    over every row, three to four times the time (bench/guided.py)."""
+    counted_rows: Literal["skip", "ambiguous", "search"] = "ambiguous"
+    """Rows whose one-pass length already has the provider's count: left as one pass made them (`skip`); searched for
+    a re-split of the same length at their ambiguous sites only (`ambiguous`: two or three tokens of one word whose
+    bytes split into as many tokens another way), when they hold enough of them; or searched everywhere at that count
+    (`search`: also two errors that cancel; a forward over every row, three to four times the time of `skip`)."""
+    ambiguous_per_token: float = Field(0.03, ge=0)
+    """With `counted_rows: ambiguous`, a row at its count is searched when at least this share of its reply tokens
+    begin an ambiguous site (a row dense with rare words, names and codes, where same-length re-splits are)."""
 
 
 class ReconstructConfig(StrictModel):

@@ -19,7 +19,18 @@ from pathlib import Path
 import httpx
 
 from tasks.config import GuidedConfig, RunConfig
-from tasks.reconstruct.guided import Edit, Guided, Resplitter, Span, apply_edits, bar, choose, still_open
+from tasks.reconstruct.guided import (
+    Edit,
+    Guided,
+    Resplitter,
+    Span,
+    apply_edits,
+    bar,
+    choose,
+    rejoined,
+    searched_part,
+    still_open,
+)
 
 
 class EngineScorer:
@@ -67,6 +78,8 @@ def engine_edits(splitter: Resplitter, span: Span, row: int, table: list[dict[in
     candidate_nats, min_logprob = span.reach(cfg)
     edits = []
     for t in range(span.start, span.stop):
+        if not span.at_site(t):
+            continue
         current = table[t].get(ids[t], -math.inf)
         at = starts[t - span.start]
         fits = dict(splitter.prefixes(data, at))  # token -> byte length, for tokens the remaining bytes start with
@@ -78,7 +91,7 @@ def engine_edits(splitter: Resplitter, span: Span, row: int, table: list[dict[in
             for end in starts[first_end : first_end + cfg.ends]:
                 gap = splitter.fill(data[at + n : end])
                 stop = boundary[end]
-                if gap is None or [token, *gap] == ids[t:stop]:
+                if gap is None or [token, *gap] == ids[t:stop] or (span.keeps_length() and len(gap) + 1 != stop - t):
                     continue
                 needed = bar(span.need, len(gap) + 1 - (stop - t), cfg)
                 window_end = min(len(ids), stop + cfg.window)
@@ -97,10 +110,13 @@ def edited(span: Span, edit: Edit, window: int) -> list[int]:
 def guide_with_engine(scorer: EngineScorer, tokenizer, spans: list[Span], cfg: GuidedConfig) -> list[Guided]:
     """`guided.guide` with the engine scoring: rounds over the rows still open, until no edit gains."""
     splitter = Resplitter(tokenizer)
+    whole, spans = spans, [searched_part(s, cfg) for s in spans]
     results = [Guided(list(s.ids), s.stop) for s in spans]
     group = list(range(len(spans)))
     for _ in range(cfg.max_rounds):
-        current = [Span(results[i].ids, spans[i].start, results[i].stop, target=spans[i].target) for i in group]
+        current = [
+            Span(results[i].ids, spans[i].start, results[i].stop, target=spans[i].target, sites=spans[i].sites) for i in group
+        ]
         tables = scorer.logprobs([s.ids for s in current], cfg.top_k)
         edits = [e for k, s in enumerate(current) for e in engine_edits(splitter, s, k, tables[k], cfg)]
         if not edits:
@@ -116,7 +132,7 @@ def guide_with_engine(scorer: EngineScorer, tokenizer, spans: list[Span], cfg: G
         if not kept:
             break
         group = [group[k] for k in kept]
-    return results
+    return [rejoined(w, s, r) for w, s, r in zip(whole, spans, results, strict=True)]
 
 
 _engines: dict[str, tuple] = {}

@@ -42,6 +42,8 @@ from tasks.target_model.tokens import EndOfTurn, byte_vocab, codec
 from tasks.validate.classify import through_turn_end
 
 GUIDED = "guided"
+SITE_TOKENS = 3  # the most tokens of one ambiguous site
+SPACES = frozenset(b" \t\r\n")
 log = logging.getLogger(__name__)
 
 
@@ -96,6 +98,15 @@ class Span:
     changed: list[tuple[int, int]] | None = None  # token ranges edited last round; None: look everywhere
     tried: dict[tuple, float] | None = None  # gains scored in earlier rounds, by (byte offset, token, end byte)
     target: int | None = None  # reply tokens the provider counted (None: no count to go by)
+    sites: list[tuple[int, int]] | None = None  # a row at its count: the only token ranges an edit may begin in
+
+    def at_site(self, t: int) -> bool:
+        """Whether an edit may begin at token t: anywhere, or inside one of the row's ambiguous sites."""
+        return self.sites is None or any(lo <= t < hi for lo, hi in self.sites)
+
+    def keeps_length(self) -> bool:
+        """A row searched at its sites is only re-split there: no edit may change its length."""
+        return self.sites is not None
 
     @property
     def need(self) -> int | None:
@@ -133,6 +144,7 @@ class Resplitter:
         self.codec = codec(tokenizer)
         self.by_bytes = byte_vocab(tokenizer).by_bytes
         self.longest = max(len(b) for b in self.by_bytes)
+        self._alike: dict[tuple[bytes, int], bool] = {}
 
     def prefixes(self, data: bytes, at: int) -> list[tuple[int, int]]:
         """(token id, byte length) of each token whose bytes are `data[at:at + n]`."""
@@ -142,6 +154,20 @@ class Resplitter:
             if token is not None:
                 out.append((token, n))
         return out
+
+    def splits_alike(self, data: bytes, count: int) -> bool:
+        """Whether `data` splits into `count` vocabulary tokens in more than one way."""
+        key = (data, count)
+        if key not in self._alike:
+            ways: list[dict[int, int]] = [{} for _ in range(len(data) + 1)]  # per byte offset: tokens so far -> ways (≤ 2)
+            ways[0][0] = 1
+            for at in range(len(data)):
+                for tokens, n_ways in ways[at].items():
+                    if tokens < count:
+                        for _, n in self.prefixes(data, at):
+                            ways[at + n][tokens + 1] = min(2, ways[at + n].get(tokens + 1, 0) + n_ways)
+            self._alike[key] = ways[-1].get(count, 0) > 1
+        return self._alike[key]
 
     def fill(self, data: bytes) -> list[int] | None:
         """Longest-match tokens for a short byte gap (None when some byte has no token)."""
@@ -173,6 +199,8 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
     for t in range(span.start, span.stop):
         if span.changed is not None and t < min(lo for lo, _ in span.changed) - cfg.window:
             continue  # before every change, the context is as it was last round: so are the scores
+        if not span.at_site(t):
+            continue
         at = int(starts[t - span.start])
         options = [(token, n) for token, n in splitter.prefixes(data, at) if token != ids[t]]
         if not options:
@@ -185,7 +213,7 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
             for end in starts[first_end : first_end + cfg.ends].tolist():
                 gap = splitter.fill(data[at + n : end])
                 stop = boundary[end]
-                if gap is None or [token, *gap] == ids[t:stop]:
+                if gap is None or [token, *gap] == ids[t:stop] or (span.keeps_length() and len(gap) + 1 != stop - t):
                     continue
                 key, needed = (at, token, end), bar(span.need, len(gap) + 1 - (stop - t), cfg)
                 if span.tried and span.tried.get(key, math.inf) < needed - cfg.retry_nats and not near(t):
@@ -248,13 +276,16 @@ def choose(edits: list[Edit], gains: list[float], cfg: GuidedConfig, spans: list
 def guide(model, tokenizer, spans: list[Span], cfg: GuidedConfig) -> list[Guided]:
     """Re-split each span's reply tokens to the target's most likely segmentation of the same bytes."""
     splitter = Resplitter(tokenizer)
+    whole, spans = spans, [searched_part(s, cfg) for s in spans]
     results = [Guided(list(s.ids), s.stop) for s in spans]
     order = sorted(range(len(spans)), key=lambda i: len(spans[i].ids))  # similar lengths share a batch
     for lo in range(0, len(order), cfg.search_rows):
         group, changed, tried, previous = order[lo : lo + cfg.search_rows], {}, {}, None
         for _ in range(cfg.max_rounds):
             current = [
-                Span(results[i].ids, spans[i].start, results[i].stop, changed.get(i), tried.get(i), spans[i].target)
+                Span(
+                    results[i].ids, spans[i].start, results[i].stop, changed.get(i), tried.get(i), spans[i].target, spans[i].sites
+                )
                 for i in group
             ]
             firsts = [first_needed(s, cfg) for s in current]
@@ -273,7 +304,22 @@ def guide(model, tokenizer, spans: list[Span], cfg: GuidedConfig) -> list[Guided
             if not kept:
                 break
             group, previous = [group[k] for k in kept], (base, kept)
-    return results
+    return [rejoined(w, s, r) for w, s, r in zip(whole, spans, results, strict=True)]
+
+
+def searched_part(span: Span, cfg: GuidedConfig) -> Span:
+    """What a search needs of a span: all of it, or for a row searched at its sites only, its ids through the last
+    site and a margin for the edits' ends and windows (the forward over the rest would score nothing)."""
+    if span.sites is None:
+        return span
+    cut = min(len(span.ids), span.sites[-1][1] + SITE_TOKENS + cfg.ends + cfg.window)
+    return replace(span, ids=span.ids[:cut], stop=min(span.stop, cut), target=min(span.stop, cut) - span.start)
+
+
+def rejoined(whole: Span, part: Span, result: Guided) -> Guided:
+    """A search's result over `part` with the rest of `whole` after it."""
+    tail = whole.ids[len(part.ids) :]
+    return replace(result, ids=result.ids + tail, stop=result.stop + whole.stop - part.stop)
 
 
 def apply_edits(results: list[Guided], group: list[int], current: list[Span], taken: dict) -> dict[int, list]:
@@ -299,13 +345,36 @@ def still_open(spans: list[Span], results: list[Guided], group: list[int], taken
     return sorted(set(taken) - reached)
 
 
-def to_search(span: Span, expected_reply: int | None, cfg: GuidedConfig) -> Span | None:
+def ambiguous_sites(splitter: Resplitter, span: Span) -> list[tuple[int, int]]:
+    """Token ranges of the reply, two or three tokens inside one word (no token but the first begins with white
+    space), whose bytes also split into as many vocabulary tokens another way: the only places where a single re-split
+    keeps the reply's length, so the only places a row at the provider's count can be wrong alone ('ENT' 'R' for
+    'EN' 'TR')."""
+    pieces = [splitter.codec.bytes_of(t) for t in span.ids[span.start : span.stop]]
+    sites = []
+    for i in range(len(pieces)):
+        for j in range(i + 2, min(i + SITE_TOKENS, len(pieces)) + 1):
+            if not pieces[j - 1] or pieces[j - 1][0] in SPACES:
+                break
+            if splitter.splits_alike(b"".join(pieces[i:j]), j - i):
+                sites.append((span.start + i, span.start + j))
+                break
+    return sites
+
+
+def to_search(span: Span, expected_reply: int | None, cfg: GuidedConfig, splitter: Resplitter) -> Span | None:
     """The span to search, with the provider's count as its target; None when its one-pass length already has that
-    count and `counted_rows` is `skip`."""
+    count and `counted_rows` leaves it: always (`skip`), or (`ambiguous`) when fewer than `ambiguous_per_token` of its
+    reply tokens begin an ambiguous site. With `ambiguous`, a row at its count is searched at its sites only."""
     target = None if expected_reply is None else expected_reply - (len(span.ids) - span.stop)
-    if target == span.stop - span.start and cfg.counted_rows == "skip":
+    if target != span.stop - span.start or cfg.counted_rows == "search":
+        return replace(span, target=target)
+    if cfg.counted_rows == "skip":
         return None
-    return replace(span, target=target)
+    sites = ambiguous_sites(splitter, span)
+    if not sites or len(sites) < cfg.ambiguous_per_token * (span.stop - span.start):
+        return None
+    return replace(span, target=target, sites=sites)
 
 
 def guide_table(
@@ -314,15 +383,18 @@ def guide_table(
     """Re-split the reply of every `guided` row of a reconstructed table with `search` (a backend's `guide`); returns
     the table, what changed, and the ids of the rows it changed.
 
-    A row whose one-pass length is already the provider's count is left as it is (`counted_rows: skip`) or searched at
-    that count (`search`); a row whose length differs is searched toward it; a row without a count is searched as is.
+    A row whose one-pass length is already the provider's count is left as it is (`counted_rows: skip`), searched at
+    its ambiguous sites (`ambiguous`) or everywhere at that count (`search`); a row whose length differs is searched
+    toward it; a row without a count is searched as is.
     """
     rows = table.to_pylist()
+    splitter = Resplitter(tokenizer)
     picked, spans = [], []
     for i, row in enumerate(rows):
         if row["method"] != GUIDED:
             continue
-        span = to_search(reply_span(row["input_ids"], row["loss_mask"], end_of_turn), row["provider_reply_count"], cfg)
+        span = reply_span(row["input_ids"], row["loss_mask"], end_of_turn)
+        span = to_search(span, row["provider_reply_count"], cfg, splitter)
         if span is not None:
             picked.append(i)
             spans.append(span)

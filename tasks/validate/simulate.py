@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from tasks.config import CountConvention, GuidedConfig, ReconstructConfig, TargetConfig
 from tasks.reconstruct.counts import CountCheck, recount, row_check
-from tasks.reconstruct.guided import Span, reply_span, to_search
+from tasks.reconstruct.guided import Resplitter, Span, reply_span, to_search
 from tasks.reconstruct.methods import completion_ids, truth_ids
 from tasks.reconstruct.rebuild import rebuild_rows
 from tasks.target_model.chat import chat_format_of
@@ -122,7 +122,8 @@ def simulate_guided(
     """The same replayed rows re-split by `guided` (`search`: a backend's) as reconstruct would, searched toward the
     provider's count where it has one: (row, verdict, count check) triples, and per source what it changed and cost."""
     rebuilt = [r for r in replayed if r.span is not None]
-    plans = [to_search(r.span, r.counts.expected_reply if r.counts else None, cfg) for r in rebuilt]
+    splitter = Resplitter(tokenizer)
+    plans = [to_search(r.span, r.counts.expected_reply if r.counts else None, cfg, splitter) for r in rebuilt]
     searched = [span for span in plans if span is not None]
     started = time.perf_counter()
     found = iter(search(searched))

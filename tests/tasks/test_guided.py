@@ -203,21 +203,92 @@ def test_a_row_at_its_count_can_be_searched_at_it(demo_tokenizer, demo_model, sp
     to it, so with `counted_rows: search` a row at its count is searched at it. An edit that changes its length must
     then gain more than `break_nats` (here: merging back a token split in two against the target's odds), after which
     the row is searched toward its count for the error that cancelled it (here none: the count was the split's).
-    `counted_rows: skip` (the default) leaves such a row as one pass made it."""
-    from tasks.reconstruct.guided import to_search
+    `counted_rows: skip` leaves such a row as one pass made it."""
+    from tasks.reconstruct.guided import Resplitter, to_search
 
-    cfg = GuidedConfig(counted_rows="search")
+    cfg, splitter = GuidedConfig(counted_rows="search"), Resplitter(demo_tokenizer)
     span = max(spans, key=lambda s: s.stop - s.start)
     ids, t = split_in_two(demo_tokenizer, span)
     wrong = replace(span, ids=ids, stop=span.stop + 1)
     provider_count = len(ids) - wrong.start  # the provider counts the split's length (and an end of turn)
-    assert to_search(wrong, provider_count, GuidedConfig()) is None  # the default, `skip`
-    searched = to_search(wrong, provider_count, cfg)
+    assert to_search(wrong, provider_count, GuidedConfig(counted_rows="skip"), splitter) is None
+    searched = to_search(wrong, provider_count, cfg, splitter)
     assert searched is not None and searched.need == 0
     (found,) = guide(demo_model, demo_tokenizer, [searched], cfg)
     assert found.ids[t] == span.ids[t] and found.nats > cfg.break_nats  # the split token merged back
     (held,) = guide(demo_model, demo_tokenizer, [searched], cfg.model_copy(update={"break_nats": 1e6}))
     assert held.ids[t : t + 2] == ids[t : t + 2] and held.stop == wrong.stop  # without that evidence, nothing breaks the count
+
+
+def chat_span(tokenizer, question: str, answer: str):
+    """A one-turn chat: the prompt as the template renders it, the answer encoded in one pass, the end of turn."""
+    from tasks.reconstruct.guided import Span
+
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    reply = tokenizer.encode(answer, add_special_tokens=False)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return Span(prompt_ids + reply + [end], len(prompt_ids), len(prompt_ids) + len(reply))
+
+
+def test_ambiguous_sites_are_the_words_that_split_alike(demo_tokenizer):
+    """A site is two or three tokens of one word whose bytes split into as many tokens another way ('N' 'DI' and
+    'ND' 'I'): rare words, names and codes. Common words are one token each, and a site never reaches past white space."""
+    from tasks.reconstruct.guided import Resplitter, ambiguous_sites
+
+    splitter = Resplitter(demo_tokenizer)
+    names = lambda span, sites: [demo_tokenizer.convert_ids_to_tokens(span.ids[lo:hi]) for lo, hi in sites]  # noqa: E731
+    plain = chat_span(demo_tokenizer, "How are you?", "The cat sat on the mat, and I am fine today.")
+    assert ambiguous_sites(splitter, plain) == []
+    coded = chat_span(demo_tokenizer, "What is NDI?", "The Network Device Interface (NDI) by NewTek.")
+    sites = names(coded, ambiguous_sites(splitter, coded))
+    assert ["N", "DI"] in sites and ["T", "ek"] in sites and all(not t.startswith("Ġ") for s in sites for t in s[1:])
+    assert splitter.splits_alike(b"NDI", 2) and not splitter.splits_alike(b" cat", 1)
+
+
+def candidates(model, tokenizer, span, cfg):
+    """The candidate edits of one span as it is, and of the same span searched everywhere (no sites)."""
+    import torch
+
+    from tasks.reconstruct.guided import Resplitter, candidate_edits, first_needed
+    from tasks.reconstruct.tree_scoring import Pass
+
+    with torch.inference_mode():
+        base = Pass(model, [span.ids], [first_needed(span, cfg)], 1)
+        splitter = Resplitter(tokenizer)
+        return [candidate_edits(splitter, s, 0, base, cfg) for s in (span, replace(span, sites=None))]
+
+
+def test_a_row_at_its_count_is_searched_at_its_ambiguous_sites(demo_tokenizer, demo_model):
+    """The default, `counted_rows: ambiguous`: a row at the provider's count whose reply holds enough ambiguous sites
+    is searched there, for a re-split of the same length ('ND' 'I' back to the target's 'N' 'DI'); the forward stops a
+    margin after the last site, and the reply after it comes back as it was. A row without sites, or with fewer per
+    token than `ambiguous_per_token`, is left as one pass made it."""
+    from tasks.reconstruct.guided import Resplitter, ambiguous_sites, searched_part, to_search
+
+    splitter, cfg = Resplitter(demo_tokenizer), GuidedConfig()
+    answer = "NDI is a protocol for sending video over a local network, used by studios to share live video between computers."
+    truth = chat_span(demo_tokenizer, "What is NDI?", answer)
+    wrong = replace(
+        truth, ids=truth.ids[: truth.start] + [splitter.by_bytes[b"ND"], splitter.by_bytes[b"I"]] + truth.ids[truth.start + 2 :]
+    )
+    count = truth.stop - truth.start + 1  # the reply and the end of turn: the one-pass length is at the count
+    searched = to_search(wrong, count, cfg.model_copy(update={"ambiguous_per_token": 0.0}), splitter)
+    assert searched is not None and searched.need == 0 and searched.sites[-1][1] + 10 < searched.stop
+    (found,) = guide(demo_model, demo_tokenizer, [searched], cfg)
+    assert found.ids == truth.ids and found.stop == truth.stop and found.edits == 1
+    # Where a row at its count may be edited: inside its sites only (here the first of two), never to another length.
+    loose = cfg.model_copy(update={"margin_nats": 0.0, "candidate_nats": 30.0, "min_logprob": -40.0, "break_nats": 0.0})
+    coded = chat_span(demo_tokenizer, "What is NDI?", "The Network Device Interface (NDI) by NewTek.")
+    first = replace(coded, target=coded.stop - coded.start, sites=ambiguous_sites(splitter, coded)[:1])
+    at_site, anywhere = candidates(demo_model, demo_tokenizer, searched_part(first, loose), loose)
+    assert at_site and all(first.at_site(e.start) and len(e.tokens) == e.stop - e.start for e in at_site)
+    assert any(not first.at_site(e.start) for e in anywhere) and any(len(e.tokens) != e.stop - e.start for e in anywhere)
+    per_token = 1 / (wrong.stop - wrong.start)  # one site in the reply
+    assert per_token >= cfg.ambiguous_per_token and to_search(wrong, count, cfg, splitter) is not None
+    assert to_search(wrong, count, cfg.model_copy(update={"ambiguous_per_token": 1.01 * per_token}), splitter) is None
+    plain = chat_span(demo_tokenizer, "How are you?", "The cat sat on the mat, and I am fine today.")
+    assert to_search(plain, plain.stop - plain.start + 1, cfg.model_copy(update={"ambiguous_per_token": 0.0}), splitter) is None
 
 
 def test_what_an_edit_must_gain_follows_the_count():
