@@ -14,7 +14,7 @@ import pytest
 from tasks.config import GuidedConfig, TargetConfig
 from tasks.contracts import conform
 from tasks.reconstruct.engine_scoring import EngineScorer, guide_with_engine
-from tasks.reconstruct.guided import Guided, Span, guide_table
+from tasks.reconstruct.guided import SITE_TOKENS, Guided, Resplitter, Span, ambiguous_sites, guide_table, to_search
 from tasks.target_model.chat import resolve_end_of_turn
 from tasks.target_model.tokens import codec
 
@@ -90,6 +90,31 @@ def test_an_edit_needs_the_margin(demo_tokenizer):
     truth, span = case(demo_tokenizer)
     [result] = guide_with_engine(scorer_for(StubEngine(truth, [])), demo_tokenizer, [span], GuidedConfig(margin_nats=1e6))
     assert result.ids == span.ids and result.edits == 0
+
+
+def test_a_row_at_its_count_is_searched_by_the_engine_at_its_sites_only(demo_tokenizer):
+    """The target wrote 'ND' 'I' where one pass gives 'N' 'DI' (the same length, so the provider's count matches):
+    with `counted_rows: ambiguous` the engine is asked about the reply only through a margin after its last site, and
+    the re-split comes back with the rest of the reply as it was. The same row at a density threshold above its own is
+    not searched at all."""
+    tokens, splitter = codec(demo_tokenizer), Resplitter(demo_tokenizer)
+    prompt = tokens.encode("<|im_start|>user\nWhat is NDI?<|im_end|>\n<|im_start|>assistant\n")
+    eot = resolve_end_of_turn(demo_tokenizer, TargetConfig()).id
+    rest = tokens.encode(" is a protocol for sending video over a local network, used by studios to share live video.")
+    canonical = prompt + tokens.encode("NDI") + rest + [eot]
+    truth = prompt + [splitter.by_bytes[b"ND"], splitter.by_bytes[b"I"]] + rest + [eot]
+    assert len(truth) == len(canonical) and tokens.decode_bytes(truth) == tokens.decode_bytes(canonical)
+    one_pass = Span(canonical, len(prompt), len(canonical) - 1)
+    assert ambiguous_sites(splitter, one_pass)[0] == (len(prompt), len(prompt) + 2)
+    cfg, count = GuidedConfig(backend="vllm", top_k=3, ambiguous_per_token=0.0), len(truth) - len(prompt)
+    span = to_search(one_pass, count, cfg, splitter)
+    engine = StubEngine(truth, others=[])
+    [result] = guide_with_engine(scorer_for(engine), demo_tokenizer, [span], cfg)
+    assert result.ids == truth and result.edits == 1 and result.stop == len(truth) - 1
+    asked = max(len(b["prompt"]) for b in engine.bodies)
+    assert asked <= span.sites[-1][1] + SITE_TOKENS + cfg.ends + cfg.window < len(canonical)  # the reply's tail never sent
+    dense = 1.01 * len(ambiguous_sites(splitter, one_pass)) / (one_pass.stop - one_pass.start)
+    assert to_search(one_pass, count, cfg.model_copy(update={"ambiguous_per_token": dense}), splitter) is None
 
 
 def test_bytes_never_change_and_a_table_that_would_is_refused(demo_tokenizer):
