@@ -14,8 +14,9 @@ for the prompts it lacks) from vLLM on CPU, started as `evaluate.engine: vllm` s
 with their tools, at temperature 0.7 and at most `--max-tokens` reply tokens. It prints the engine's throughput
 and how many replies the limit cut. The journal is copied, compressed, beside the results
 (bench/results/target-replies-journal.jsonl.gz, committed): a fresh checkout starts from it, so the same command asks
-for nothing already bought, and every arm of one table trains on the same replies (an arm refuses a journal of another
-size than the arms before it drew from).
+for nothing already bought (and, with nothing missing, writes the replies' table without starting vLLM), and every
+arm of one table trains on the same replies (an arm refuses a journal of another size than the arms before it drew
+from).
 
 Each arm trains on rows whose trained tokens add up to `--budget`, with the settings, held-out prompts and decoding
 of `bench/quality.py`'s curve (three epochs offline, k = 4, 64 new tokens, temperature 0):
@@ -127,7 +128,7 @@ def keep_journal() -> None:
 
 
 def generate(demo: RunConfig, args) -> None:
-    from tasks.generate.stage import run_generate
+    from tasks.generate.stage import run_generate, to_request
     from tasks.vllm_server import VllmServer
 
     WORK.mkdir(parents=True, exist_ok=True)
@@ -135,6 +136,11 @@ def generate(demo: RunConfig, args) -> None:
     # BFCL prompts carry tools with tool_choice "auto", which vLLM serves only with a tool-call parser: the demo
     # target writes Hermes calls (its `chatml` format).
     tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    bought = replies_config(demo, "http://127.0.0.1", args)
+    if not to_request(bought)[2]:  # every prompt already bought: the replies' table is written without an engine
+        run_generate(bought)
+        print(f"journal: every one of {reply_tokens(bought)[0]} replies already bought; nothing requested")
+        return
     server = VllmServer(demo, WORK / "vllm-generate.log", tools, demo.target.max_length + args.max_tokens)
     with server:
         config = replies_config(demo, server.url, args)

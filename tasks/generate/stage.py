@@ -129,21 +129,27 @@ def write_outputs(
     return rows, failures, quarantine
 
 
+def to_request(config: RunConfig, force: bool = False) -> tuple:
+    """(the sources' prompts, the journal, the prompts it lacks): what a run would ask the endpoint for. A dataset's
+    own replies are never requested; `force` asks again for prompts that failed for good."""
+    if not config.generate.sources:
+        raise NoRowsError(f"generate.sources is empty: {NO_SOURCES}")
+    loaded = load_sources(config.generate.sources)
+    state = read_journal(stage_dir(config, "generate") / "journal.jsonl", repair=True)
+    settled = set(state.done) if force else state.settled
+    return loaded, state, [p for p in loaded.rows if p["id"] not in settled and "reply" not in p]
+
+
 def run_generate(config: RunConfig, force: bool = False) -> dict:
     """Generate every prompt the journal lacks (force: also those that failed for good); returns paths and counts.
 
     A reply already in the journal is never asked for again.
     """
     gen = config.generate
-    if not gen.sources:
-        raise NoRowsError(f"generate.sources is empty: {NO_SOURCES}")
     gen_dir = stage_dir(config, "generate")
     journal_path = gen_dir / "journal.jsonl"
-    loaded = load_sources(gen.sources)
-    state = read_journal(journal_path, repair=True)
-    settled = set(state.done) if force else state.settled
+    loaded, state, pending = to_request(config, force)
     borrowed = sum(1 for p in loaded.rows if "reply" in p)  # a dataset's own replies: never requested
-    pending = [p for p in loaded.rows if p["id"] not in settled and "reply" not in p]
     log.info(
         "generate: %d prompts, %d with the dataset's reply, %d already in the journal, %d to request",
         len(loaded.rows),
