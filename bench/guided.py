@@ -29,7 +29,8 @@ from bench.simulate_reencode import sharegpt_prompts  # noqa: E402
 from tasks.config import GuidedConfig, TargetConfig  # noqa: E402
 from tasks.extract.batching import pack_batches  # noqa: E402
 from tasks.extract.transformers_backend import TransformersBackend  # noqa: E402
-from tasks.reconstruct.guided import Resplitter, guide, to_search  # noqa: E402
+from tasks.reconstruct.guided import guide  # noqa: E402
+from tasks.reconstruct.spans import Resplitter, to_search  # noqa: E402
 from tasks.target_model.chat import resolve_end_of_turn  # noqa: E402
 from tasks.target_model.loader import load_model, load_tokenizer  # noqa: E402
 from tasks.validate.simulate import replay_rows  # noqa: E402

@@ -19,18 +19,8 @@ from pathlib import Path
 import httpx
 
 from tasks.config import GuidedConfig, RunConfig
-from tasks.reconstruct.guided import (
-    Edit,
-    Guided,
-    Resplitter,
-    Span,
-    apply_edits,
-    bar,
-    choose,
-    rejoined,
-    searched_part,
-    still_open,
-)
+from tasks.reconstruct.guided import apply_edits, bar, choose, still_open
+from tasks.reconstruct.spans import Edit, Guided, Resplitter, Span, rejoined, searched_part
 
 
 class EngineScorer:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from tasks.config import CountConvention, GuidedConfig, ReconstructConfig, TargetConfig
 from tasks.reconstruct.counts import CountCheck, recount, row_check
-from tasks.reconstruct.guided import Resplitter, Span, reply_span, to_search
 from tasks.reconstruct.methods import completion_ids, truth_ids
 from tasks.reconstruct.rebuild import rebuild_rows
+from tasks.reconstruct.spans import Resplitter, Span, reply_span, to_search
 from tasks.target_model.chat import chat_format_of
 from tasks.target_model.formats import ChatFormat
 from tasks.target_model.tokens import EndOfTurn, codec

@@ -14,7 +14,8 @@ import pytest
 from tasks.config import GuidedConfig, TargetConfig
 from tasks.contracts import conform
 from tasks.reconstruct.engine_scoring import EngineScorer, guide_with_engine
-from tasks.reconstruct.guided import SITE_TOKENS, Guided, Resplitter, Span, ambiguous_sites, guide_table, to_search
+from tasks.reconstruct.guided import guide_table
+from tasks.reconstruct.spans import SITE_TOKENS, Guided, Resplitter, Span, ambiguous_sites, to_search
 from tasks.target_model.chat import resolve_end_of_turn
 from tasks.target_model.tokens import codec
 

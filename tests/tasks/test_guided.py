@@ -79,7 +79,8 @@ def test_edit_gains_match_plain_forwards_over_the_edited_sequences(demo_tokenize
     exactly what the log-likelihoods of plain forwards over each sequence, edited and not, say they gain."""
     import torch
 
-    from tasks.reconstruct.guided import Resplitter, candidate_edits, first_needed
+    from tasks.reconstruct.guided import candidate_edits, first_needed
+    from tasks.reconstruct.spans import Resplitter
     from tasks.reconstruct.tree_scoring import Pass, score_edits
 
     cfg = GuidedConfig(batch_rows=2, tree_tokens=8, margin_nats=0.0, candidate_nats=6.0, min_logprob=-12.0)
@@ -104,7 +105,8 @@ def test_edit_gains_match_plain_forwards_over_the_edited_sequences(demo_tokenize
 def test_a_row_run_again_from_its_first_change_matches_a_fresh_pass(demo_tokenizer, demo_model, spans):
     import torch
 
-    from tasks.reconstruct.guided import Span, first_needed
+    from tasks.reconstruct.guided import first_needed
+    from tasks.reconstruct.spans import Span
     from tasks.reconstruct.tree_scoring import Pass
 
     cfg = GuidedConfig()
@@ -186,7 +188,7 @@ def test_a_target_too_large_for_transformers_falls_back_with_a_warning_that_says
 
 def split_in_two(tokenizer, span) -> tuple[list[int], int]:
     """The span's ids with its first reply token of three or more bytes split into two tokens, and where."""
-    from tasks.reconstruct.guided import Resplitter
+    from tasks.reconstruct.spans import Resplitter
 
     splitter = Resplitter(tokenizer)
     for t in range(span.start, span.stop):
@@ -204,7 +206,7 @@ def test_a_row_at_its_count_can_be_searched_at_it(demo_tokenizer, demo_model, sp
     then gain more than `break_nats` (here: merging back a token split in two against the target's odds), after which
     the row is searched toward its count for the error that cancelled it (here none: the count was the split's).
     `counted_rows: skip` leaves such a row as one pass made it."""
-    from tasks.reconstruct.guided import Resplitter, to_search
+    from tasks.reconstruct.spans import Resplitter, to_search
 
     cfg, splitter = GuidedConfig(counted_rows="search"), Resplitter(demo_tokenizer)
     span = max(spans, key=lambda s: s.stop - s.start)
@@ -222,7 +224,7 @@ def test_a_row_at_its_count_can_be_searched_at_it(demo_tokenizer, demo_model, sp
 
 def chat_span(tokenizer, question: str, answer: str):
     """A one-turn chat: the prompt as the template renders it, the answer encoded in one pass, the end of turn."""
-    from tasks.reconstruct.guided import Span
+    from tasks.reconstruct.spans import Span
 
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
@@ -234,7 +236,7 @@ def chat_span(tokenizer, question: str, answer: str):
 def test_ambiguous_sites_are_the_words_that_split_alike(demo_tokenizer):
     """A site is two or three tokens of one word whose bytes split into as many tokens another way ('N' 'DI' and
     'ND' 'I'): rare words, names and codes. Common words are one token each, and a site never reaches past white space."""
-    from tasks.reconstruct.guided import Resplitter, ambiguous_sites
+    from tasks.reconstruct.spans import Resplitter, ambiguous_sites
 
     splitter = Resplitter(demo_tokenizer)
     names = lambda span, sites: [demo_tokenizer.convert_ids_to_tokens(span.ids[lo:hi]) for lo, hi in sites]  # noqa: E731
@@ -250,7 +252,8 @@ def candidates(model, tokenizer, span, cfg):
     """The candidate edits of one span as it is, and of the same span searched everywhere (no sites)."""
     import torch
 
-    from tasks.reconstruct.guided import Resplitter, candidate_edits, first_needed
+    from tasks.reconstruct.guided import candidate_edits, first_needed
+    from tasks.reconstruct.spans import Resplitter
     from tasks.reconstruct.tree_scoring import Pass
 
     with torch.inference_mode():
@@ -264,7 +267,7 @@ def test_a_row_at_its_count_is_searched_at_its_ambiguous_sites(demo_tokenizer, d
     is searched there, for a re-split of the same length ('ND' 'I' back to the target's 'N' 'DI'); the forward stops a
     margin after the last site, and the reply after it comes back as it was. A row without sites, or with fewer per
     token than `ambiguous_per_token`, is left as one pass made it."""
-    from tasks.reconstruct.guided import Resplitter, ambiguous_sites, searched_part, to_search
+    from tasks.reconstruct.spans import Resplitter, ambiguous_sites, searched_part, to_search
 
     splitter, cfg = Resplitter(demo_tokenizer), GuidedConfig()
     answer = "NDI is a protocol for sending video over a local network, used by studios to share live video between computers."

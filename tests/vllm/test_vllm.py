@@ -277,7 +277,8 @@ def test_guided_through_vllm_reaches_the_transformers_backend(demo_tokenizer, de
     from tasks.config import GuidedConfig
     from tasks.reconstruct.counts import recount
     from tasks.reconstruct.engine_scoring import EngineScorer, guide_with_engine
-    from tasks.reconstruct.guided import guide, to_search
+    from tasks.reconstruct.guided import guide
+    from tasks.reconstruct.spans import to_search
     from tasks.target_model.chat import resolve_end_of_turn
     from tasks.validate.simulate import replay_rows
     from tests.support.sample import sample_generations
