@@ -278,7 +278,7 @@ def test_guided_through_vllm_reaches_the_transformers_backend(demo_tokenizer, de
     from tasks.reconstruct.counts import recount
     from tasks.reconstruct.engine_scoring import EngineScorer, guide_with_engine
     from tasks.reconstruct.guided import guide
-    from tasks.reconstruct.spans import to_search
+    from tasks.reconstruct.spans import Resplitter, to_search
     from tasks.target_model.chat import resolve_end_of_turn
     from tasks.validate.simulate import replay_rows
     from tests.support.sample import sample_generations
@@ -289,7 +289,8 @@ def test_guided_through_vllm_reaches_the_transformers_backend(demo_tokenizer, de
     rows = sample_generations(demo_model, demo_tokenizer, sharegpt_prompts(40, 400), eot, max_new_tokens=64)
     replayed = [r for r in replay_rows(demo_tokenizer, rows, target, eot) if r.span is not None]
     cfg = GuidedConfig()
-    plans = [to_search(r.span, r.counts.expected_reply, cfg) for r in replayed]
+    splitter = Resplitter(demo_tokenizer)
+    plans = [to_search(r.span, r.counts.expected_reply, cfg, splitter) for r in replayed]
     searched = [p for p in plans if p is not None]
     scorer = EngineScorer(plain_server.url, target.model, cfg.engine_concurrency)
     backends = {
