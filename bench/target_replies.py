@@ -404,7 +404,7 @@ def main() -> None:
         b_eval = WORK / f"arm-b-{args.budget}" / "eval" / "results.json"
         if args.arm != "b" and b_eval.exists():  # against the (b) run on this machine, named by its τ
             result["tau_gap_vs_b"] = paired_gap(args.arm, args.budget)
-            result["b_tau"] = json.loads(b_eval.read_text())["acceptance_length"]
+            result["b_tau"] = json.loads(b_eval.read_text())["summary"]["acceptance_length"]
         record(args.arm, args.budget, result)
         table()
     elif args.what == "speed":
