@@ -179,6 +179,30 @@ def prompt_totals(results: Path, ids: list[str] | None = None):
     return np.array([r["acceptance_length"] for r in picked]) * forwards, forwards
 
 
+def paired_gap(ours: Path, theirs: Path, draws: int = 5000, seed: int = 0) -> tuple[float, float]:
+    """τ(ours) − τ(theirs) on the held-out prompts both scored, and its σ by a paired bootstrap (the same prompts
+    drawn for both)."""
+    import numpy as np
+
+    ids = sorted(set.intersection(*({r["id"] for r in json.loads(p.read_text())["prompts"]} for p in (ours, theirs))))
+    (t1, f1), (t0, f0) = prompt_totals(ours, ids), prompt_totals(theirs, ids)
+    picks = np.random.default_rng(seed).integers(0, len(ids), size=(draws, len(ids)))
+    full = t1.sum() / f1.sum() - t0.sum() / f0.sum()
+    drawn = t1[picks].sum(1) / f1[picks].sum(1) - t0[picks].sum(1) / f0[picks].sum(1)
+    return float(full), float(drawn.std())
+
+
+def add_gaps(results: list[dict], demo: RunConfig, pool: RunConfig, work: Path, args) -> None:
+    """Each variant's τ gap to the first variant of its budget at each k, paired over the held-out prompts."""
+    for r in results:
+        if r.get("variant", "3.0") == args.variants[0]:
+            continue
+        ours, base = (budget_config(demo, pool, work, r["budget"], args, r["steps"], v) for v in (r["variant"], args.variants[0]))
+        for k in args.ks:
+            scored = (eval_dir(config, k) / "results.json" for config in (ours, base))
+            r[f"gap_k{k}"], r[f"gap_sigma_k{k}"] = paired_gap(*scored)
+
+
 def tau_sigma(results: Path, draws: int = 5000, seed: int = 0) -> float:
     """σ of the pooled τ over the held-out prompts, by bootstrap (prompts drawn with replacement)."""
     import numpy as np
@@ -188,10 +212,23 @@ def tau_sigma(results: Path, draws: int = 5000, seed: int = 0) -> float:
     return float((tokens[picks].sum(1) / np.maximum(forwards[picks].sum(1), 1)).std())
 
 
-def tau_by_vllm(config: RunConfig, k: int) -> float:
+# What vLLM 0.32's CPU build says when a Llama target (CPU_ATTN) is paired with an MLA draft (CPU_MLA), after it
+# has loaded the draft's weights (tests/vllm checks the same).
+MLA_ON_CPU_REFUSAL = "No common block size for 128 (CPU_ATTN: [MultipleOf(32)]; CPU_MLA: [16])"
+
+
+def tau_by_vllm(config: RunConfig, k: int) -> float | None:
     """The same export and prompts through vLLM's own speculative decoding (the venv `make test-vllm` builds),
-    reported beside draftsmith's in `eval-vllm/`."""
-    return vllm_summary(config, k)["acceptance_length"]
+    reported beside draftsmith's in `eval-vllm/`; None for an MLA draft that vLLM's CPU build refuses beside a
+    Llama target (the refusal is printed)."""
+    try:
+        return vllm_summary(config, k)["acceptance_length"]
+    except RuntimeError:
+        log = eval_dir(config, k, "vllm") / "vllm-draft.log"
+        if config.train.draft.arch != "mla" or MLA_ON_CPU_REFUSAL not in log.read_text(errors="replace"):
+            raise
+        print(f"{config.name} at k={k}: vLLM loaded the MLA draft, then refused it: {MLA_ON_CPU_REFUSAL}")
+        return None
 
 
 def vllm_summary(config: RunConfig, k: int) -> dict:
@@ -244,6 +281,7 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
             share_inputs(merging, config)
         result = {"budget": budget, "variant": variant, "rows": rows, "tokens": tokens, "extract_s": round(extract_s, 1)}
         out.append(result | train_and_score(config, target, args, per_epoch))
+        print(json.dumps(out[-1]), flush=True)  # each shape's figures as soon as it is scored
     return out
 
 
@@ -347,6 +385,9 @@ def main() -> None:
         for budget in sorted(args.budgets):
             results += run_budget(demo, pool, work, budget, args)
             (work / "results.json").write_text(json.dumps(results, indent=2))
+    if len(args.variants) > 1:
+        add_gaps(results, demo, pool, work, args)
+        (work / "results.json").write_text(json.dumps(results, indent=2))
     plot([r for r in results if r.get("variant", "3.0") == args.variants[0]], work / "curve.png")
     print_table(results, args)
     print(f"\nplot: {work / 'curve.png'}")
@@ -355,14 +396,15 @@ def main() -> None:
 def print_table(results: list[dict], args) -> None:
     k = args.ks[0]
     print(f"\n{results[0]['prompts']} held-out prompts (chat and code), temperature 0, {args.new_tokens} new tokens")
-    ks = " | ".join(f"τ k={k} ± σ | τ by vLLM k={k}" for k in args.ks)
+    ks = " | ".join(f"τ k={k} ± σ | gap to {args.variants[0]} (paired) | τ by vLLM k={k}" for k in args.ks)
     head = "| tokens | variant | steps | epochs | extract s | train s | train tokens/s | τ_sim"
     print(f"{head} | {ks} | accept@1..{k} | greedy / spec tokens/s |")
-    print("|---|---|---|---|---|---|---|---|" + "---|---|" * len(args.ks) + "---|---|")
+    print("|---|---|---|---|---|---|---|---|" + "---|---|---|" * len(args.ks) + "---|---|")
     for r in results:
         accept = " ".join(f"{a:.2f}" for a in r["per_position"])
         taus = " | ".join(
             f"{r[f'tau_k{k}']:.3f} ± {r[f'sigma_k{k}']:.3f} | "
+            + (f"{r[f'gap_k{k}']:+.3f} ± {r[f'gap_sigma_k{k}']:.3f} | " if f"gap_k{k}" in r else "- | ")
             + ("-" if r.get(f"tau_vllm_k{k}") is None else format(r[f"tau_vllm_k{k}"], ".3f"))
             for k in args.ks
         )

@@ -46,7 +46,7 @@ from bench.quality import (  # noqa: E402
     batches_per_epoch,
     build_pool,
     held_out_sources,
-    prompt_totals,
+    paired_gap,
     rows_for,
     run_settings,
     train_and_score,
@@ -300,17 +300,9 @@ def record(key: str, budget: int, result: dict) -> None:
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
 
-def paired_gap(arm: str, budget: int, draws: int = 5000, seed: int = 0) -> tuple[float, float]:
-    """τ(arm) − τ(b) on the same held-out prompts, and its σ by a paired bootstrap (the same prompts drawn for both)."""
-    import numpy as np
-
-    ours, theirs = (WORK / f"arm-{name}-{budget}" / "eval" / "results.json" for name in (arm, "b"))
-    ids = sorted(set.intersection(*({r["id"] for r in json.loads(p.read_text())["prompts"]} for p in (ours, theirs))))
-    (t1, f1), (t0, f0) = prompt_totals(ours, ids), prompt_totals(theirs, ids)
-    picks = np.random.default_rng(seed).integers(0, len(ids), size=(draws, len(ids)))
-    full = t1.sum() / f1.sum() - t0.sum() / f0.sum()
-    drawn = t1[picks].sum(1) / f1[picks].sum(1) - t0[picks].sum(1) / f0[picks].sum(1)
-    return float(full), float(drawn.std())
+def gap_to_b(arm: str, budget: int) -> tuple[float, float]:
+    """τ(arm) − τ(b) on the same held-out prompts, and its σ by a paired bootstrap."""
+    return paired_gap(*(WORK / f"arm-{name}-{budget}" / "eval" / "results.json" for name in (arm, "b")))
 
 
 def table() -> None:
@@ -403,7 +395,7 @@ def main() -> None:
         result = run_arm(demo, args.arm, args.budget, args)
         b_eval = WORK / f"arm-b-{args.budget}" / "eval" / "results.json"
         if args.arm != "b" and b_eval.exists():  # against the (b) run on this machine, named by its τ
-            result["tau_gap_vs_b"] = paired_gap(args.arm, args.budget)
+            result["tau_gap_vs_b"] = gap_to_b(args.arm, args.budget)
             result["b_tau"] = json.loads(b_eval.read_text())["summary"]["acceptance_length"]
         record(args.arm, args.budget, result)
         table()

