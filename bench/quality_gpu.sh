@@ -12,5 +12,5 @@ common=(--held-out 16 --prompts 32 --new-tokens 128)
 .venv/bin/python bench/quality.py --budgets 1000000 10000000 --train-mode online "${common[@]}"
 .venv/bin/python bench/quality.py --budgets 1000000 --train-mode offline "${common[@]}"
 # The draft shapes side by side (EAGLE-3.0 / 3.1, Llama / MLA attention) on the same hidden states, k = 4 and 7.
-.venv/bin/python bench/quality.py --budgets 200000 1000000 --train-mode offline --epochs 3 --ks 4 7 \
+.venv/bin/python bench/quality.py --budgets 200000 1000000 --train-mode offline --epochs 3 --ttt-steps 7 --ks 4 7 \
     --variants 3.0 3.1 mla-3.0 mla-3.1 "${common[@]}"
