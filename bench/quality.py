@@ -20,7 +20,8 @@ own estimate, over the last tenth of the steps), per-position acceptance, train 
 tokens/s of draftsmith's evaluate, and with `--vllm` τ by vLLM on the same export and prompts (or, with `--vllm-only`
 and the flags of the run that trained them, for the budgets already trained); one table and one plot
 (runs/bench-quality/curve.png). `--variants` trains each draft shape (EAGLE-3 / 3.1, Llama or MLA attention) on the
-same merged rows and hidden states, `--ks` decodes each at several chain lengths.
+same merged rows and hidden states (each shape's τ gap to the first is bootstrapped over the same prompts, paired),
+`--ks` decodes each at several chain lengths.
 """
 
 from __future__ import annotations
