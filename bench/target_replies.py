@@ -15,8 +15,8 @@ with their tools, at temperature 0.7 and at most `--max-tokens` reply tokens. It
 and how many replies the limit cut. The journal is copied, compressed, beside the results
 (bench/results/target-replies-journal.jsonl.gz, committed): a fresh checkout starts from it, so the same command asks
 for nothing already bought (and, with nothing missing, writes the replies' table without starting vLLM), and every
-arm of one table trains on the same replies (an arm refuses a journal of another size than the arms before it drew
-from).
+arm at one budget trains on the same replies (an arm refuses replies of another count than the arms at its budget
+drew from: a journal that holds more is fine, the flags say which of its replies a run uses).
 
 Each arm trains on rows whose trained tokens add up to `--budget`, with the settings, held-out prompts and decoding
 of `bench/quality.py`'s curve (three epochs offline, k = 4, 64 new tokens, temperature 0):
@@ -191,9 +191,13 @@ def rebuild(demo: RunConfig, arm: str) -> dict:
     )
     bought = stage_dir(config, "generate")
     bought.parent.mkdir(parents=True, exist_ok=True)
-    if not bought.exists():  # one source for every prompt of the journal: its rows drawn in one order
+    if not bought.exists():  # one source for every reply generate wrote: its rows drawn in one order
         rows = read_table("generations", replies).to_pylist()
         write_table("generations", [r | {"source": "target"} for r in rows], bought / "part-00000.parquet")
+    elif (n := read_table("generations", bought, columns=["id"]).num_rows) != (
+        m := read_table("generations", replies, columns=["id"]).num_rows
+    ):
+        raise SystemExit(f"{bought.parent} was rebuilt from {n} replies, generate last wrote {m}: remove it to rebuild")
     started = time.perf_counter()
     rebuilt = RECONSTRUCT.run(config)
     seconds = time.perf_counter() - started
@@ -214,20 +218,19 @@ def trained_classes(arm: str, budget: int) -> dict:
     return {"trained_rows_by_class": dict(rows), "trained_tokens_by_class": dict(tokens)}
 
 
-def same_replies() -> int:
-    """The journal's reply count, which every arm on the target's replies must share: each draws its rows from it in
-    one hashed order, so a journal that grew between arms would give them other rows."""
-    from tasks.generate.journal import read_journal
-
-    replies = len(read_journal(journal_path()).done)
+def same_replies(budget: int) -> int:
+    """The replies `generate` last wrote out (its flags' prompts, whatever else the journal holds): every arm on the
+    target's replies at one budget must share their count, since each draws its rows from them in one hashed order,
+    and another set of replies would give them other rows."""
+    replies = read_table("generations", journal_path().parent, columns=["id"]).num_rows
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for arm in ("b", "c", "d"):
-        for budget, result in results.get(arm, {}).items():
-            if result.get("journal_replies", replies) != replies:
-                raise SystemExit(
-                    f"{RESULTS}: arm ({arm}) at {budget} tokens was drawn from {result['journal_replies']} bought "
-                    f"replies, the journal holds {replies}: run generate with that arm's flags, or rerun every arm"
-                )
+        drawn = results.get(arm, {}).get(str(budget), {}).get("journal_replies", replies)
+        if drawn != replies:
+            raise SystemExit(
+                f"{RESULTS}: arm ({arm}) at {budget} tokens was drawn from {drawn} bought replies, generate last "
+                f"wrote {replies}: run generate with that arm's flags, or rerun every arm at {budget}"
+            )
     return replies
 
 
@@ -239,7 +242,7 @@ def run_arm(demo: RunConfig, arm: str, budget: int, args) -> dict:
     pool = build_pool(demo, Path("runs/bench-quality").resolve(), args.pool_rows, args.held_out, False)
     rebuilt = {}
     if ARMS[arm] is not None:
-        rebuilt = {"journal_replies": same_replies()} | rebuild(demo, arm)
+        rebuilt = {"journal_replies": same_replies(budget)} | rebuild(demo, arm)
     config = arm_config(demo, pool, arm, budget, args, 1)
     run_merge(config)
     manifest = json.loads((stage_dir(config, "merge") / "manifest.json").read_text())
