@@ -137,9 +137,10 @@ def generate(demo: RunConfig, args) -> None:
     # target writes Hermes calls (its `chatml` format).
     tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     bought = replies_config(demo, "http://127.0.0.1", args)
-    if not to_request(bought)[2]:  # every prompt already bought: the replies' table is written without an engine
+    prompts, _, missing = to_request(bought)
+    if not missing:  # every prompt already bought: the replies' table is written without an engine
         run_generate(bought)
-        print(f"journal: every one of {reply_tokens(bought)[0]} replies already bought; nothing requested")
+        print(f"journal: all {len(prompts.rows)} prompts already bought (of {reply_tokens(bought)[0]}); nothing requested")
         return
     server = VllmServer(demo, WORK / "vllm-generate.log", tools, demo.target.max_length + args.max_tokens)
     with server:
