@@ -195,9 +195,7 @@ def rebuild(demo: RunConfig, arm: str) -> dict:
     if not bought.exists():  # one source for every reply generate wrote: its rows drawn in one order
         rows = read_table("generations", replies).to_pylist()
         write_table("generations", [r | {"source": "target"} for r in rows], bought / "part-00000.parquet")
-    elif (n := read_table("generations", bought, columns=["id"]).num_rows) != (
-        m := read_table("generations", replies, columns=["id"]).num_rows
-    ):
+    elif (n := replies_in(bought)) != (m := replies_in(replies)):
         raise SystemExit(f"{bought.parent} was rebuilt from {n} replies, generate last wrote {m}: remove it to rebuild")
     started = time.perf_counter()
     rebuilt = RECONSTRUCT.run(config)
@@ -219,11 +217,16 @@ def trained_classes(arm: str, budget: int) -> dict:
     return {"trained_rows_by_class": dict(rows), "trained_tokens_by_class": dict(tokens)}
 
 
+def replies_in(generations: Path) -> int:
+    """How many replies a generations table holds."""
+    return read_table("generations", generations, columns=["id"]).num_rows
+
+
 def same_replies(budget: int) -> int:
     """The replies `generate` last wrote out (its flags' prompts, whatever else the journal holds): every arm on the
     target's replies at one budget must share their count, since each draws its rows from them in one hashed order,
     and another set of replies would give them other rows."""
-    replies = read_table("generations", journal_path().parent, columns=["id"]).num_rows
+    replies = replies_in(journal_path().parent)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for arm in ("b", "c", "d"):
         drawn = results.get(arm, {}).get(str(budget), {}).get("journal_replies", replies)
