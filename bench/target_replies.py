@@ -163,12 +163,17 @@ def arm_config(demo: RunConfig, pool: RunConfig, arm: str, budget: int, args, st
     the rows whose trained tokens reach `budget`, the fixed held-out prompts, the curve's training settings."""
     name = f"arm-{arm}-{budget}"
     if ARMS[arm] is None:
-        rows, _ = rows_for(pool, budget, "train", "num_trained")
+        rows, tokens = rows_for(pool, budget, "train", "num_trained")
         train = {"name": "train", "path": str(stage_dir(pool, "reconstruct")), "split": "train", "max_rows": rows}
+        more = f"a --pool-rows up to {HELD_OUT_OFFSET}, where the held-out slice begins, or a smaller --budget"
     else:
         rebuilt = RunConfig.model_validate(demo.model_dump(mode="json") | {"name": f"arm-{arm}", "runs_dir": str(WORK)})
-        rows, _ = rows_for(rebuilt, budget, "target", "num_trained")
+        rows, tokens = rows_for(rebuilt, budget, "target", "num_trained")
         train = {"name": "target", "path": str(stage_dir(rebuilt, "reconstruct")), "split": "train", "max_rows": rows}
+        more = "more replies (generate with larger --first-turns or --bfcl)"
+    # The arms compare at equal trained tokens: within 2% (the last row's overshoot alone reached that at 200k).
+    if tokens < 0.98 * budget:
+        raise SystemExit(f"arm ({arm}): its {rows} rows hold {tokens} trained tokens, under --budget {budget}: it needs {more}")
     train |= {"drop_truncated": False}
     merge = demo.merge.model_dump(mode="json") | {"sources": [train, *held_out_sources(pool)]}
     return RunConfig.model_validate(
