@@ -218,6 +218,7 @@ def main() -> None:
             "warmup_steps": min(demo.train.warmup_steps, steps // 2),
             "adam_betas": (0.9, 0.999),  # SpecForge's BF16Optimizer: torch's AdamW defaults
             "dtype": "float32",  # SpecForge's draft here is fp32 too
+            "draft": demo.train.draft.model_copy(update={"fc_norm": False, "norm_output": False}),  # its EAGLE-3.0 layer
         }
     )
     name = f"bench-specforge-{args.rows}x{args.max_tokens}"

@@ -15,9 +15,11 @@ class DraftShape(StrictModel):
     arch: Literal["llama", "mla"] = "llama"
     """llama: EAGLE-3's Llama layer (`LlamaForCausalLMEagle3`); mla: the same layer with DeepSeek-V2 latent attention
     (`Eagle3DeepseekV2ForCausalLM`, the shape of the published DeepSeek-V3 / Kimi-K2 drafts)."""
-    fc_norm: bool = False
-    """EAGLE-3.1: one RMSNorm per captured target state before `fc` (tensors fc_norm.{i}.weight)."""
-    norm_output: bool = False
+    fc_norm: bool = True
+    """EAGLE-3.1: one RMSNorm per captured target state before `fc` (tensors fc_norm.{i}.weight). With
+    `norm_output`, on by default (measured ahead of 3.0 at 200k and 1M tokens); both false: an EAGLE-3.0 draft,
+    for an engine that predates 3.1."""
+    norm_output: bool = True
     """EAGLE-3.1: each unrolled step feeds the next the post-norm hidden state (logits always read it)."""
     norm_before_fc: bool = False
     """One RMSNorm over the whole concatenation before `fc` (tensor input_norm.weight); not together with fc_norm."""
@@ -25,7 +27,10 @@ class DraftShape(StrictModel):
     @model_validator(mode="after")
     def _one_input_norm(self) -> DraftShape:
         if self.fc_norm and self.norm_before_fc:
-            raise ValueError("fc_norm and norm_before_fc both normalize the aux states before fc: set one of them")
+            raise ValueError(
+                "fc_norm (on by default) and norm_before_fc both normalize the aux states before fc:"
+                " set fc_norm: false to use norm_before_fc"
+            )
         return self
 
 

@@ -45,9 +45,17 @@ def batch(T: int = 7) -> tuple:
     return torch.randn(2, T, 24), torch.randint(0, 12, (2, T)), torch.arange(T).expand(2, T)
 
 
-def test_both_input_norms_are_refused():
-    with pytest.raises(ValueError, match="fc_norm and norm_before_fc"):
-        RunConfig.model_validate({"train": {"draft": {"fc_norm": True, "norm_before_fc": True}}})
+def test_the_default_draft_is_eagle31_and_both_input_norms_are_refused():
+    assert RunConfig().train.draft.model_dump() == {
+        "arch": "llama",
+        "fc_norm": True,
+        "norm_output": True,
+        "norm_before_fc": False,
+    }
+    with pytest.raises(ValueError, match="set fc_norm: false to use norm_before_fc"):
+        RunConfig.model_validate({"train": {"draft": {"norm_before_fc": True}}})
+    plain = RunConfig.model_validate({"train": {"draft": {"fc_norm": False, "norm_before_fc": True}}})
+    assert (plain.train.draft.fc_norm, plain.train.draft.norm_before_fc) == (False, True)
 
 
 def test_fc_norm_normalises_each_captured_state_before_fc():
