@@ -283,8 +283,9 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
         if config.name != merging.name:
             share_inputs(merging, config)
         scored = stage_dir(config, "train").parent / "bench-row.json"
-        if scored.exists():  # a rerun after a stop: the shapes already scored keep their figures, the rest train
-            out.append(json.loads(scored.read_text()))
+        kept = json.loads(scored.read_text()) if scored.exists() else {}
+        if kept.get("steps") == steps and all(f"tau_k{k}" in kept for k in args.ks):  # a rerun after a stop
+            out.append(kept)
             print(f"{variant}: scored before, {scored}", flush=True)
             continue
         result = {"budget": budget, "variant": variant, "rows": rows, "tokens": tokens, "extract_s": round(extract_s, 1)}
