@@ -215,9 +215,18 @@ def tau_sigma(results: Path, draws: int = 5000, seed: int = 0) -> float:
     return float((tokens[picks].sum(1) / np.maximum(forwards[picks].sum(1), 1)).std())
 
 
-# What vLLM 0.32's CPU build says when a Llama target (CPU_ATTN) is paired with an MLA draft (CPU_MLA), after it
-# has loaded the draft's weights (tests/vllm checks the same).
-MLA_ON_CPU_REFUSAL = "No common block size for 128 (CPU_ATTN: [MultipleOf(32)]; CPU_MLA: [16])"
+# vLLM 0.32's CPU build refuses an MLA draft beside a Llama target after loading its weights, by which MLA backend the
+# processor gets: CPU_MLA shares no KV block size with the target's attention; AMX_MLA (CPUs with AMX) packs only
+# bf16/fp16/int8 weights, so an fp32 engine stops there (tests/vllm checks the same).
+MLA_ON_CPU_REFUSALS = (
+    "No common block size for 128 (CPU_ATTN: [MultipleOf(32)]; CPU_MLA: [16])",
+    "expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8",
+)
+
+
+def mla_refusal(log: str) -> str | None:
+    """Which of vLLM's known CPU refusals of an MLA draft the log holds, if any."""
+    return next((refusal for refusal in MLA_ON_CPU_REFUSALS if refusal in log), None)
 
 
 def tau_by_vllm(config: RunConfig, k: int) -> float | None:
@@ -228,9 +237,10 @@ def tau_by_vllm(config: RunConfig, k: int) -> float | None:
         return vllm_summary(config, k)["acceptance_length"]
     except RuntimeError:
         log = eval_dir(config, k, "vllm") / "vllm-draft.log"
-        if config.train.draft.arch != "mla" or MLA_ON_CPU_REFUSAL not in log.read_text(errors="replace"):
+        refusal = mla_refusal(log.read_text(errors="replace"))
+        if config.train.draft.arch != "mla" or refusal is None:
             raise
-        print(f"{config.name} at k={k}: vLLM loaded the MLA draft, then refused it: {MLA_ON_CPU_REFUSAL}")
+        print(f"{config.name} at k={k}: vLLM loaded the MLA draft, then refused it: {refusal}")
         return None
 
 

@@ -17,7 +17,7 @@ import httpx
 import pandas as pd
 import pytest
 
-from bench.quality import MLA_ON_CPU_REFUSAL
+from bench.quality import mla_refusal
 from tasks.config import RunConfig, TargetConfig
 from tasks.vllm_server import VllmServer, counter
 
@@ -179,16 +179,17 @@ def test_vllm_serves_the_newer_draft_shapes_as_trained(tmp_path, demo_tokenizer,
     try:
         theirs = evaluate_draft(on_vllm, out=tmp_path / name / "eval-vllm")
     except RuntimeError:
-        # vLLM's CPU backends share no KV block size between a Llama target's attention and an MLA draft's: it
-        # refuses the pair, but only after resolving the export's architecture and loading every tensor with its
-        # own loader (a name it does not know would have failed there, earlier).
+        # vLLM's CPU build refuses the pair (its CPU_MLA backend shares no KV block size with the target's attention;
+        # AMX_MLA packs no fp32 weights), but only after resolving the export's architecture and loading every
+        # tensor with its own loader (a name it does not know would have failed there, earlier).
         log = (tmp_path / name / "eval-vllm" / "vllm-draft.log").read_text()
-        if name != "mla" or MLA_ON_CPU_REFUSAL not in log:
+        refusal = mla_refusal(log)
+        if name != "mla" or refusal is None:
             raise
         drafter = log[log.index("Loading drafter model") :]
         assert "Resolved architecture: Eagle3DeepseekV2ForCausalLM" in log and "Loading weights took" in drafter
-        assert drafter.index("Loading weights took") < drafter.index(MLA_ON_CPU_REFUSAL)
-        FIGURES["mla export on vLLM CPU (Llama target)"] = f"weights loaded, then refused: {MLA_ON_CPU_REFUSAL}"
+        assert drafter.index("Loading weights took") < drafter.index(refusal)
+        FIGURES["mla export on vLLM CPU (Llama target)"] = f"weights loaded, then refused: {refusal}"
         return
     FIGURES[f"{name} export: τ draftsmith / vLLM; identical to greedy"] = (
         f"{ours['acceptance_length']:.3f} / {theirs['acceptance_length']:.3f}; {theirs['identical']}/{theirs['prompts']}"
