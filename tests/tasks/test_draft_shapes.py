@@ -52,8 +52,9 @@ def test_the_default_draft_is_eagle31_and_both_input_norms_are_refused():
         "norm_output": True,
         "norm_before_fc": False,
     }
-    with pytest.raises(ValueError, match="set fc_norm: false to use norm_before_fc"):
-        RunConfig.model_validate({"train": {"draft": {"norm_before_fc": True}}})
+    for both in ({"norm_before_fc": True}, {"fc_norm": True, "norm_before_fc": True}):
+        with pytest.raises(ValueError, match="set fc_norm: false to use norm_before_fc"):
+            RunConfig.model_validate({"train": {"draft": both}})
     plain = RunConfig.model_validate({"train": {"draft": {"fc_norm": False, "norm_before_fc": True}}})
     assert (plain.train.draft.fc_norm, plain.train.draft.norm_before_fc) == (False, True)
 
