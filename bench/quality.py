@@ -21,9 +21,9 @@ tokens/s of draftsmith's evaluate, and with `--vllm` τ by vLLM on the same expo
 and the flags of the run that trained them, for the budgets already trained); one table and one plot
 (runs/bench-quality/curve.png). `--variants` trains each draft shape (EAGLE-3 / 3.1, Llama or MLA attention) on the
 same merged rows and hidden states (each shape's τ gap to the first is bootstrapped over the same prompts, paired),
-`--ks` decodes each at several chain lengths. Each scored shape's row is kept in its run folder (`bench-row.json`):
-the same command run again after a stop trains only the shapes not scored yet (`rm -rf runs/bench-quality` to
-start over).
+`--ks` decodes each at several chain lengths. Each scored shape's row is kept in its run folder (`bench-row.json`,
+with vLLM's τ once `--vllm-only` has added it): the same command run again after a stop, or with another shape
+added, trains only the shapes not scored yet (`rm -rf runs/bench-quality` to start over).
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
         config = budget_config(demo, pool, work, budget, args, steps, variant)
         if config.name != merging.name:
             share_inputs(merging, config)
-        scored = stage_dir(config, "train").parent / "bench-row.json"
+        scored = kept_row(config)
         kept = json.loads(scored.read_text()) if scored.exists() else {}
         if kept.get("steps") == steps and all(f"tau_k{k}" in kept for k in args.ks):  # a rerun after a stop
             out.append(kept)
@@ -303,6 +303,11 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
         scored.write_text(json.dumps(out[-1]))
         print(json.dumps(out[-1]), flush=True)  # each shape's figures as soon as it is scored
     return out
+
+
+def kept_row(config: RunConfig) -> Path:
+    """Where a scored shape keeps its row (its τ by vLLM added by --vllm-only), for a rerun to reuse."""
+    return stage_dir(config, "train").parent / "bench-row.json"
 
 
 def batches_per_epoch(merged: Path, demo: RunConfig) -> int:
@@ -399,6 +404,8 @@ def main() -> None:
             for k in args.ks:
                 r[f"tau_vllm_k{k}"] = tau_by_vllm(config, k)
             r["tau_vllm"] = r[f"tau_vllm_k{args.ks[0]}"]
+            if kept_row(config).exists():
+                kept_row(config).write_text(json.dumps(r))
         (work / "results.json").write_text(json.dumps(results, indent=2))
     else:
         results = []
