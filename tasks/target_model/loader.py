@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -51,12 +53,18 @@ def convert_gguf(gguf: Path) -> Path:
         if hasattr(model.config, attr):
             delattr(model.config, attr)
     model.hf_quantizer = None
-    tmp = out.with_name(out.name + ".partial")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".partial", dir=out.parent))  # one per process
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     with atomic_path(tmp / "draftsmith-source.json") as marker:
         marker.write_text(json.dumps({"gguf": gguf.name}))
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not (out / "config.json").exists():
+            raise
+        shutil.rmtree(tmp)  # another process converted the same file first: its copy serves
     return out
 
 
