@@ -11,7 +11,8 @@ counts), by `guided` with the counts leaving rows already at their count as they
 searching them at their ambiguous sites only, where they hold enough (`ambiguous`, the default), and searching every
 row (`counted_rows: search`: rows at their count searched at it), and classifies all against the true ids. Cost is
 set beside the extract stage's forward pass over the same rows (same model, same threads, batched by length the way
-extract batches) and beside the every-row search.
+extract batches) and beside the every-row search. Last, whether one forward over the count-matched rows could point
+at the few a search changes: how many hold a candidate edit at all.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from bench.simulate_reencode import sharegpt_prompts  # noqa: E402
 from tasks.config import GuidedConfig, TargetConfig  # noqa: E402
 from tasks.extract.batching import pack_batches  # noqa: E402
 from tasks.extract.transformers_backend import TransformersBackend  # noqa: E402
-from tasks.reconstruct.guided import guide  # noqa: E402
+from tasks.reconstruct.guided import candidate_edits, first_needed, guide  # noqa: E402
 from tasks.reconstruct.spans import Resplitter, to_search  # noqa: E402
+from tasks.reconstruct.tree_scoring import Pass  # noqa: E402
 from tasks.target_model.chat import resolve_end_of_turn  # noqa: E402
 from tasks.target_model.loader import load_model, load_tokenizer  # noqa: E402
 from tasks.validate.simulate import replay_rows  # noqa: E402
@@ -73,6 +75,18 @@ def count_figures(spans, classes: list[str]) -> str:
     exact_hits = sum(k == "exact" for m, k in zip(matched, classes, strict=True) if m)
     misses = [not m for m, k in zip(matched, classes, strict=True) if k != "exact"]
     return f"{exact_hits}/{len(hits)} | {sum(misses)}/{len(misses)}"
+
+
+def one_forward_screen(model, tokenizer, spans, classes: list[str]) -> str:
+    """Whether one forward over the count-matched rows narrows what `search` must score: how many of them (and of
+    their non-exact ones) hold a candidate edit whose first token alone could clear its bar."""
+    cfg, splitter = GuidedConfig(counted_rows="search"), Resplitter(tokenizer)
+    matched = [(s, k) for s, k in zip(spans, classes, strict=True) if s.counts.reply_ok]
+    plans = [to_search(s.span, s.counts.expected_reply, cfg, splitter) for s, _ in matched]
+    base = Pass(model, [p.ids for p in plans], [first_needed(p, cfg) for p in plans], cfg.batch_rows)
+    held = [bool(candidate_edits(splitter, p, row, base, cfg)) for row, p in enumerate(plans)]
+    wrong = [h for h, (_, k) in zip(held, matched, strict=True) if k != "exact"]
+    return f"{sum(held)} of {len(held)} (of the non-exact ones: {sum(wrong)} of {len(wrong)})"
 
 
 def main() -> None:
@@ -135,6 +149,9 @@ def main() -> None:
         print(
             f"\ncounts at T={temperature}: count matched -> exact | not exact -> count mismatched: {count_figures(spans, before)}"
         )
+        with torch.inference_mode():
+            screen = one_forward_screen(model, tokenizer, spans, before)
+        print(f"count-matched rows holding a candidate edit after one forward: {screen}")
         counted = methods["guided by count, every row (search)"][0]
         reached = sum(s.counts.expected_reply == len(i) - s.span.start for s, i in zip(spans, counted, strict=True))
         print(f"rows at the provider's count after the search of every row: {reached} of {len(spans)}\n")
