@@ -55,16 +55,18 @@ def convert_gguf(gguf: Path) -> Path:
     model.hf_quantizer = None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".partial", dir=out.parent))  # one per process
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    with atomic_path(tmp / "draftsmith-source.json") as marker:
-        marker.write_text(json.dumps({"gguf": gguf.name}))
     try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        with atomic_path(tmp / "draftsmith-source.json") as marker:
+            marker.write_text(json.dumps({"gguf": gguf.name}))
         tmp.rename(out)
     except OSError:
         if not (out / "config.json").exists():
             raise
-        shutil.rmtree(tmp)  # another process converted the same file first: its copy serves
+        # another process converted the same file first: its copy serves
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing once renamed; a failed conversion's half-written copy
     return out
 
 
