@@ -35,7 +35,17 @@ import torch
 
 from tasks.config import GuidedConfig, RunConfig
 from tasks.contracts import conform
-from tasks.reconstruct.spans import Edit, Guided, Resplitter, Span, rejoined, reply_span, searched_part, to_search
+from tasks.reconstruct.spans import (
+    Edit,
+    Guided,
+    Resplitter,
+    Span,
+    rejoined,
+    reply_span,
+    searched_part,
+    to_search,
+    toward,
+)
 from tasks.reconstruct.tree_scoring import Pass, score_edits
 from tasks.target_model.loader import has_weights, memory_bytes, weight_bytes
 from tasks.target_model.tokens import EndOfTurn, codec
@@ -94,7 +104,7 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
     boundary = {int(s): span.start + k for k, s in enumerate(starts)}
     low = first_needed(span, cfg)  # after a change, positions well before it keep last round's scores
     logits = [0.0] * low + base.raw(row, torch.arange(low, len(ids) - 1), torch.tensor(ids[low + 1 :])).tolist()
-    candidate_nats, min_logprob = span.reach(cfg)
+    candidate_nats, _ = span.reach(cfg)
 
     def near(t: int) -> bool:
         return any(lo - cfg.window <= t < hi + cfg.window for lo, hi in span.changed or [])
@@ -119,16 +129,20 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
                 stop = boundary[end]
                 if gap is None or [token, *gap] == ids[t:stop] or (span.keeps_length() and len(gap) + 1 != stop - t):
                     continue
-                key, needed = (at, token, end), bar(span.need, len(gap) + 1 - (stop - t), cfg)
+                delta = len(gap) + 1 - (stop - t)
+                if span.need and delta and not toward(span.need, delta) and rival < logits[t - 1] - cfg.candidate_nats:
+                    continue  # the wider reach is for edits toward the provider's count only
+                key, needed = (at, token, end), bar(span.need, delta, cfg)
                 if span.tried and span.tried.get(key, math.inf) < needed - cfg.retry_nats and not near(t):
                     continue  # far below the bar last round; a change elsewhere will not lift it that far
-                drafts.append((t, stop, (token, *gap), rival, key, min(len(ids), stop + cfg.window), needed))
+                floor = span.reach(cfg, delta)[1]
+                drafts.append((t, stop, (token, *gap), rival, key, min(len(ids), stop + cfg.window), needed, floor))
     # Only the positions an edit's span and window cover need the whole vocabulary's normalizer.
-    base.normalize(row, {u for t, _, _, _, _, end, _ in drafts for u in range(t - 1, end - 1)})
+    base.normalize(row, {u for t, _, _, _, _, end, _, _ in drafts for u in range(t - 1, end - 1)})
     edits = []
-    for t, stop, tokens, rival, key, end, needed in drafts:
+    for t, stop, tokens, rival, key, end, needed, floor in drafts:
         first = rival - float(base.norm[int(base.at[row]) + t - 1])
-        if first < min_logprob:
+        if first < floor:
             continue
         stands = float(base.logprob(row, torch.arange(t - 1, end - 1), torch.tensor(ids[t:end])).sum())
         if first - stands <= needed:
@@ -149,7 +163,7 @@ def bar(need: int | None, delta: int, cfg: GuidedConfig) -> float:
     of the provider's count (None: no count)."""
     if need is None or delta == 0:  # no count, or a re-split of the same length: the margin alone decides
         return cfg.margin_nats
-    if delta * need > 0 and abs(delta) <= abs(need):  # toward the count, never past it: the count says a re-split is due
+    if toward(need, delta):  # the count says a re-split is due
         return cfg.count_margin_nats
     return cfg.break_nats  # away from the count (or off it): only strong evidence says errors cancel there
 
@@ -177,8 +191,9 @@ def choose(edits: list[Edit], gains: list[float], cfg: GuidedConfig, spans: list
 
 
 @torch.inference_mode()
-def guide(model, tokenizer, spans: list[Span], cfg: GuidedConfig) -> list[Guided]:
-    """Re-split each span's reply tokens to the target's most likely segmentation of the same bytes."""
+def guide(model, tokenizer, spans: list[Span], cfg: GuidedConfig, shared: bool = True) -> list[Guided]:
+    """Re-split each span's reply tokens to the target's most likely segmentation of the same bytes (`shared`: the
+    leading tokens rows have in common are run once, see `Pass`)."""
     splitter = Resplitter(tokenizer)
     whole, spans = spans, [searched_part(s, cfg) for s in spans]
     results = [Guided(list(s.ids), s.stop) for s in spans]
@@ -193,7 +208,7 @@ def guide(model, tokenizer, spans: list[Span], cfg: GuidedConfig) -> list[Guided
                 for i in group
             ]
             firsts = [first_needed(s, cfg) for s in current]
-            base = Pass(model, [s.ids for s in current], firsts, cfg.batch_rows, previous)
+            base = Pass(model, [s.ids for s in current], firsts, cfg.batch_rows, previous, shared)
             edits = [e for k, s in enumerate(current) for e in candidate_edits(splitter, s, k, base, cfg)]
             if not edits:
                 break
@@ -229,8 +244,12 @@ def apply_edits(results: list[Guided], group: list[int], current: list[Span], ta
 
 
 def still_open(spans: list[Span], results: list[Guided], group: list[int], taken: dict) -> list[int]:
-    """The rows (indices into `group`) to search again: those that changed and have not reached the provider's count."""
-    reached = {k for k in taken if spans[group[k]].target == results[group[k]].stop - spans[group[k]].start}
+    """The rows (indices into `group`) to search again: those that changed, less those a search brought to the
+    provider's count. A row that had its count from the start goes on while it changes: a re-split of the same
+    length can make the next one likely (a name or word that comes back is re-split one occurrence per round)."""
+    reached = {
+        k for k in taken if spans[group[k]].need and spans[group[k]].target == results[group[k]].stop - spans[group[k]].start
+    }
     return sorted(set(taken) - reached)
 
 

@@ -40,9 +40,12 @@ class Span:
         """Tokens the reply must gain (or, negative, lose) to have the provider's count; None without a count."""
         return None if self.target is None else self.target - (self.stop - self.start)
 
-    def reach(self, cfg: GuidedConfig) -> tuple[float, float]:
-        """(candidate_nats, min_logprob): wider where the count says the current split is not the target's."""
-        return (cfg.count_candidate_nats, cfg.count_min_logprob) if self.need else (cfg.candidate_nats, cfg.min_logprob)
+    def reach(self, cfg: GuidedConfig, delta: int | None = None) -> tuple[float, float]:
+        """(candidate_nats, min_logprob) of an edit that changes the row's length by `delta` (None: the widest any
+        edit of this row gets): wider for one that brings it toward the provider's count, where the count says the
+        current split is not the target's."""
+        wide = self.need and (delta is None or delta == 0 or toward(self.need, delta))
+        return (cfg.count_candidate_nats, cfg.count_min_logprob) if wide else (cfg.candidate_nats, cfg.min_logprob)
 
 
 @dataclass
@@ -106,6 +109,11 @@ class Resplitter:
             out.append(best[0])
             at += best[1]
         return out
+
+
+def toward(need: int, delta: int) -> bool:
+    """Whether a change of `delta` tokens brings a row that lacks `need` tokens of its count toward it, never past."""
+    return delta * need > 0 and abs(delta) <= abs(need)
 
 
 def searched_part(span: Span, cfg: GuidedConfig) -> Span:

@@ -15,28 +15,36 @@ class Pass:
     """One forward pass over rows, `batch_rows` at a time (right-padded): every row's KV cache and the decoder's
     states where next-token log-probabilities will be asked for."""
 
-    def __init__(self, model, rows: list[list[int]], firsts: list[int], batch_rows: int, previous=None):
+    def __init__(self, model, rows: list[list[int]], firsts: list[int], batch_rows: int, previous=None, shared=True):
         """`firsts`: per row, the earliest position whose next-token distribution is needed (the lm_head runs
         on those positions only, and only where asked: see `normalize`).
 
         `previous`: (an earlier pass, each row's index in it) where each row's tokens before its `first` are
         as they were then: those positions are taken from that pass's cache, not run again.
+
+        `shared`: the leading tokens all rows of a batch have in common (a system prompt, tool definitions) are run
+        once, for every batch that shares them, and their cache given to each row.
         """
         from transformers import DynamicCache
 
         self.head = model.get_output_embeddings()
         self.caches, self.lanes, states = [], [], []  # per batch its cache; per row (batch, lane)
         self.at = np.zeros(len(rows), dtype=int)  # row i's position u is at states[at[i] + u]
+        common: dict[tuple[int, ...], list] = {}  # leading ids -> their cache (batch of one)
         for lo in range(0, len(rows), batch_rows):
             batch = range(lo, min(lo + batch_rows, len(rows)))
             width = max(len(rows[i]) for i in batch)
-            skip = min(firsts[i] for i in batch) if previous else 0
+            if previous:
+                skip = min(firsts[i] for i in batch)
+                prefix = previous[0].kv([previous[1][i] for i in batch], skip)
+            else:
+                skip = shared_length([rows[i] for i in batch], min(firsts[i] for i in batch)) if shared else 0
+                prefix = common_cache(model, tuple(rows[lo][:skip]), len(batch), common) if skip else None
             ids = torch.zeros((len(batch), width - skip), dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
             for lane, i in enumerate(batch):
                 ids[lane, : len(rows[i]) - skip] = torch.tensor(rows[i][skip:])
                 mask[lane, : len(rows[i])] = 1
-            prefix = previous[0].kv([previous[1][i] for i in batch], skip) if previous else None
             cache = DynamicCache(ddp_cache_data=prefix) if prefix else None
             out = model.get_decoder()(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
             self.caches.append([(layer.keys, layer.values) for layer in out.cache.layers])
@@ -78,6 +86,23 @@ class Pass:
     def logprob(self, row: int, position, tokens) -> torch.Tensor:
         """log p(tokens | ids[:position + 1]) of one row, at positions already normalized."""
         return self.raw(row, position, tokens) - self.norm[int(self.at[row]) + position]
+
+
+def shared_length(rows: list[list[int]], most: int) -> int:
+    """How many leading tokens all rows have in common, at most `most`."""
+    first = rows[0]
+    n = min(most, *(len(r) for r in rows))
+    for row in rows[1:]:
+        n = next((k for k in range(n) if row[k] != first[k]), n)
+    return n
+
+
+def common_cache(model, ids: tuple[int, ...], lanes: int, cache: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the keys and values of these leading ids for `lanes` rows (run once per distinct prefix)."""
+    if ids not in cache:
+        out = model.get_decoder()(input_ids=torch.tensor([ids]), use_cache=True)
+        cache[ids] = [(layer.keys, layer.values) for layer in out.cache.layers]
+    return [(k.expand(lanes, -1, -1, -1), v.expand(lanes, -1, -1, -1)) for k, v in cache[ids]]
 
 
 class Tree:
