@@ -76,14 +76,18 @@ def engine_edits(splitter: Resplitter, span: Span, row: int, table: list[dict[in
         for token, first in table[t].items():
             n = fits.get(token)
             if n is None or token == ids[t] or first < min_logprob or first < current - candidate_nats:
-                continue
+                continue  # out of the widest reach any edit of this row gets
             first_end = next(k for k, s in enumerate(starts) if s >= at + n)
             for end in starts[first_end : first_end + cfg.ends]:
                 gap = splitter.fill(data[at + n : end])
                 stop = boundary[end]
                 if gap is None or [token, *gap] == ids[t:stop] or (span.keeps_length() and len(gap) + 1 != stop - t):
                     continue
-                needed = bar(span.need, len(gap) + 1 - (stop - t), cfg)
+                delta = len(gap) + 1 - (stop - t)
+                nats, floor = span.reach(cfg, delta)
+                if first < floor or first < current - nats:
+                    continue  # the wider reach is for edits toward the provider's count (or of the same length)
+                needed = bar(span.need, delta, cfg)
                 window_end = min(len(ids), stop + cfg.window)
                 stands = sum(table[u].get(ids[u], -math.inf) for u in range(t, window_end))
                 if first - stands <= needed:

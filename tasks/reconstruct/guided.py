@@ -109,7 +109,7 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
     def near(t: int) -> bool:
         return any(lo - cfg.window <= t < hi + cfg.window for lo, hi in span.changed or [])
 
-    drafts = []  # (start, stop, tokens, first token's logit, key, window end)
+    drafts = []  # (start, stop, tokens, first token's logit, key, window end, bar, least first log-prob)
     for t in range(span.start, span.stop):
         if span.changed is not None and t < min(lo for lo, _ in span.changed) - cfg.window:
             continue  # before every change, the context is as it was last round: so are the scores
@@ -121,7 +121,7 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
             continue
         rivals = base.raw(row, t - 1, torch.tensor([token for token, _ in options])).tolist()
         for (token, n), rival in zip(options, rivals, strict=True):
-            if rival < logits[t - 1] - candidate_nats:  # logits differ as log-probabilities do
+            if rival < logits[t - 1] - candidate_nats:  # out of the widest reach (logits differ as log-probs do)
                 continue
             first_end = int(np.searchsorted(starts, at + n))
             for end in starts[first_end : first_end + cfg.ends].tolist():
@@ -130,12 +130,12 @@ def candidate_edits(splitter: Resplitter, span: Span, row: int, base: Pass, cfg:
                 if gap is None or [token, *gap] == ids[t:stop] or (span.keeps_length() and len(gap) + 1 != stop - t):
                     continue
                 delta = len(gap) + 1 - (stop - t)
-                if span.need and delta and not toward(span.need, delta) and rival < logits[t - 1] - cfg.candidate_nats:
-                    continue  # the wider reach is for edits toward the provider's count only
+                nats, floor = span.reach(cfg, delta)
+                if rival < logits[t - 1] - nats:
+                    continue  # the wider reach is for edits toward the provider's count (or of the same length)
                 key, needed = (at, token, end), bar(span.need, delta, cfg)
                 if span.tried and span.tried.get(key, math.inf) < needed - cfg.retry_nats and not near(t):
                     continue  # far below the bar last round; a change elsewhere will not lift it that far
-                floor = span.reach(cfg, delta)[1]
                 drafts.append((t, stop, (token, *gap), rival, key, min(len(ids), stop + cfg.window), needed, floor))
     # Only the positions an edit's span and window cover need the whole vocabulary's normalizer.
     base.normalize(row, {u for t, _, _, _, _, end, _, _ in drafts for u in range(t - 1, end - 1)})

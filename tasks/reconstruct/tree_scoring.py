@@ -4,6 +4,7 @@ as token trees through 4D attention masks (tasks/reconstruct/guided.py runs the 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -38,7 +39,8 @@ class Pass:
                 skip = min(firsts[i] for i in batch)
                 prefix = previous[0].kv([previous[1][i] for i in batch], skip)
             else:
-                skip = shared_length([rows[i] for i in batch], min(firsts[i] for i in batch)) if shared else 0
+                common_ids = os.path.commonprefix([rows[i] for i in batch]) if shared and len(batch) > 1 else []
+                skip = min(len(common_ids), *(firsts[i] for i in batch))
                 prefix = common_cache(model, tuple(rows[lo][:skip]), len(batch), common) if skip else None
             ids = torch.zeros((len(batch), width - skip), dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -86,15 +88,6 @@ class Pass:
     def logprob(self, row: int, position, tokens) -> torch.Tensor:
         """log p(tokens | ids[:position + 1]) of one row, at positions already normalized."""
         return self.raw(row, position, tokens) - self.norm[int(self.at[row]) + position]
-
-
-def shared_length(rows: list[list[int]], most: int) -> int:
-    """How many leading tokens all rows have in common, at most `most`."""
-    first = rows[0]
-    n = min(most, *(len(r) for r in rows))
-    for row in rows[1:]:
-        n = next((k for k in range(n) if row[k] != first[k]), n)
-    return n
 
 
 def common_cache(model, ids: tuple[int, ...], lanes: int, cache: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:

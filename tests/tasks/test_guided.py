@@ -6,6 +6,7 @@ import pytest
 
 from tasks.config import GuidedConfig, ReconstructConfig, RunConfig, TargetConfig
 from tasks.reconstruct.guided import guide
+from tasks.reconstruct.spans import Guided, Span
 from tasks.target_model.chat import resolve_end_of_turn
 from tasks.target_model.tokens import codec
 from tasks.validate.simulate import replay_rows, simulate_guided
@@ -124,6 +125,35 @@ def test_a_row_run_again_from_its_first_change_matches_a_fresh_pass(demo_tokeniz
         again.normalize(0, positions)
         expected = full_logprobs(demo_model, ids)[first:]
         assert torch.allclose(again.logprob(0, torch.tensor(positions), torch.tensor(ids[first + 1 :])), expected, atol=1e-4)
+
+
+def test_leading_tokens_rows_share_are_run_once_and_score_as_full_forwards(demo_model, spans):
+    import os
+
+    import torch
+
+    from tasks.reconstruct.tree_scoring import Pass
+
+    rows = [s.ids for s in spans[:3]]
+    shared = len(os.path.commonprefix(rows))
+    assert shared > 10  # the chat template's system prompt
+    firsts = [s.start - 1 for s in spans[:3]]
+    with torch.inference_mode():
+        base = Pass(demo_model, rows, firsts, 3)
+        for row, (ids, first) in enumerate(zip(rows, firsts, strict=True)):
+            positions = range(first, len(ids) - 1)
+            base.normalize(row, positions)
+            got = base.logprob(row, torch.tensor(positions), torch.tensor(ids[first + 1 :]))
+            assert torch.allclose(got, full_logprobs(demo_model, ids)[first:], atol=1e-4), row
+        assert base.caches[0][0][0].shape[2] == max(map(len, rows))  # the shared keys reach every row's cache
+
+
+def test_a_row_at_its_count_is_searched_while_it_changes_and_one_brought_to_it_stops():
+    from tasks.reconstruct.guided import still_open
+
+    spans = [Span([0] * 12, 2, 10, target=8), Span([0] * 12, 2, 10, target=9), Span([0] * 12, 2, 10, target=10)]
+    results = [Guided([0] * 12, 10), Guided([0] * 13, 11), Guided([0] * 13, 11)]  # rows 1 and 2 gained a token
+    assert still_open(spans, results, [0, 1, 2], {0: [], 1: [], 2: []}) == [0, 2]
 
 
 def test_tree_forwards_are_packed_by_size():
@@ -301,3 +331,8 @@ def test_what_an_edit_must_gain_follows_the_count():
     assert bar(None, 1, cfg) == bar(2, 0, cfg) == cfg.margin_nats  # no count, or the same length
     assert bar(2, 1, cfg) == bar(-2, -2, cfg) == cfg.count_margin_nats  # toward the count, not past it
     assert bar(1, 2, cfg) == bar(2, -1, cfg) == bar(0, 1, cfg) == cfg.break_nats  # past it, away, or at it already
+    wide, narrow = (cfg.count_candidate_nats, cfg.count_min_logprob), (cfg.candidate_nats, cfg.min_logprob)
+    short = Span([0] * 12, 2, 10, target=10)  # two tokens short of its count
+    assert short.reach(cfg) == short.reach(cfg, 1) == short.reach(cfg, 2) == short.reach(cfg, 0) == wide
+    assert short.reach(cfg, -1) == short.reach(cfg, 3) == narrow  # away from the count, or past it
+    assert Span([0] * 12, 2, 10, target=8).reach(cfg) == Span([0] * 12, 2, 10).reach(cfg) == narrow
