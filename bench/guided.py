@@ -7,12 +7,13 @@ in simulate mode: exact rows recovered, at what cost, and what the counts tell.
 Samples SmolLM2 replies with their true ids and the counts a vLLM-shaped server reports (completion_tokens: the
 reply's ids, end of turn included), plays them through the text API (decode, split, drop the ids, keep the counts),
 rebuilds each by one-pass re-encoding (canonical), by `guided` searching every row without counts (the method before
-counts), by `guided` with the counts leaving rows already at their count as they are (`counted_rows: skip`),
-searching them at their ambiguous sites only, where they hold enough (`ambiguous`, the default), and searching every
-row (`counted_rows: search`: rows at their count searched at it), and classifies all against the true ids. Cost is
-set beside the extract stage's forward pass over the same rows (same model, same threads, batched by length the way
-extract batches) and beside the every-row search. Last, whether one forward over the count-matched rows could point
-at the few a search changes: how many hold a candidate edit at all.
+counts, each row's whole context run; then with the leading tokens rows share run once), by `guided` with the counts
+leaving rows already at their count as they are (`counted_rows: skip`), searching them at their ambiguous sites only,
+where they hold enough (`ambiguous`, the default), and searching every row (`counted_rows: search`: rows at their
+count searched at it), and classifies all against the true ids. Cost is set beside the extract stage's forward pass
+over the same rows (same model, same threads, batched by length the way extract batches) and beside the every-row
+search. Last, whether one forward over the count-matched rows could point at the few a search changes: how many hold
+a candidate edit at all.
 """
 
 from __future__ import annotations
@@ -121,11 +122,12 @@ def main() -> None:
         tokens = sum(len(s.span.ids) for s in spans) / 1000
         extract_s = extract_seconds(model, [s.span.ids for s in spans], 4096)
 
-        def every_row(spans=spans):
-            return [g.ids for g in guide(model, tokenizer, [s.span for s in spans], cfg)], len(spans)
+        def every_row(shared: bool, spans=spans):
+            return [g.ids for g in guide(model, tokenizer, [s.span for s in spans], cfg, shared=shared)], len(spans)
 
         methods = {
-            "guided, every row, no counts (before counts)": timed(every_row),
+            "guided, every row, no counts (before counts)": timed(lambda: every_row(False)),
+            "guided, every row, no counts, shared prefix run once": timed(lambda: every_row(True)),
             "guided by count, rows at their count left (skip)": timed(
                 lambda spans=spans: guided_by_count(model, tokenizer, spans, cfg.model_copy(update={"counted_rows": "skip"}))
             ),

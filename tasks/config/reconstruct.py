@@ -60,7 +60,7 @@ class GuidedConfig(StrictModel):
     a re-split of the same length at their ambiguous sites only (`ambiguous`: two or three tokens of one word whose
     bytes split into as many tokens another way), when they hold enough of them; or searched everywhere at that count
     (`search`: also two errors that cancel; a forward over every row, three to four times the time of `skip`)."""
-    ambiguous_per_token: float = Field(0.03, ge=0)
+    ambiguous_per_token: float = Field(0.015, ge=0)
     """With `counted_rows: ambiguous`, a row at its count is searched when at least this share of its reply tokens
     begin an ambiguous site (a row dense with rare words, names and codes, where same-length re-splits are)."""
 
