@@ -23,7 +23,8 @@ and the flags of the run that trained them, for the budgets already trained); on
 same merged rows and hidden states (each shape's τ gap to the first is bootstrapped over the same prompts, paired),
 `--ks` decodes each at several chain lengths. Each scored shape's row is kept in its run folder (`bench-row.json`,
 with vLLM's τ once `--vllm-only` has added it): the same command run again after a stop, or with another shape
-added, trains only the shapes not scored yet (`rm -rf runs/bench-quality` to start over).
+added, trains only the shapes not scored yet, a stopped one from its last checkpoint (every 200 steps); `--dtype
+float32` keeps such a run in one precision on machines that differ (`rm -rf runs/bench-quality` to start over).
 """
 
 from __future__ import annotations
@@ -133,8 +134,9 @@ def held_out_sources(pool: RunConfig) -> list[dict]:
 
 def run_settings(demo: RunConfig, args, steps: int, variant: str = "3.0") -> dict:
     """The train and evaluate sections every budget and arm uses: `steps` steps, evaluation without a gate."""
-    train = {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": steps}
-    train |= {"adam_betas": [0.9, 0.999], "dtype": "auto"}  # torch's betas, for an epoch or more; bf16 where native
+    # Checkpoints every 200 steps: a stopped shape resumes from the last one when the same command runs again.
+    train = {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": 200}
+    train |= {"adam_betas": [0.9, 0.999], "dtype": args.dtype or "auto"}  # torch's betas; auto: bf16 where native
     train |= {"draft": VARIANTS[variant]} | ({"ttt_steps": args.ttt_steps} if args.ttt_steps else {})
     evaluate = {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.ks[0]}
     evaluate |= {"min_tau_gain": None, "min_acceptance_length": 0.0, "min_first_acceptance": 0.0}
@@ -387,10 +389,15 @@ def main() -> None:
     parser.add_argument("--vllm", action="store_true", help="also τ by vLLM ($DRAFTSMITH_VLLM_PYTHON, see make test-vllm)")
     parser.add_argument("--vllm-only", action="store_true", help="only τ by vLLM, for the runs in the last results.json")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--dtype", choices=["float32"], default=None, help="hidden states and training (default: bf16 where native)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     demo = load_config(args.config)
+    if args.dtype:
+        demo = demo.model_copy(update={"compute": demo.compute.model_copy(update={"dtype": args.dtype})})
     work = Path("runs/bench-quality").resolve()
     work.mkdir(parents=True, exist_ok=True)
     pool_rows = args.pool_rows or min(HELD_OUT_OFFSET, max(args.budgets) // 150)
