@@ -201,6 +201,8 @@ def add_gaps(results: list[dict], demo: RunConfig, pool: RunConfig, work: Path, 
     """Each variant's τ gap to the first variant of its budget at each k, paired over the held-out prompts."""
     for r in results:
         if r.get("variant", "3.0") == args.variants[0]:
+            for k in args.ks:  # the reference row: drop a gap kept from a run with another first variant
+                r.pop(f"gap_k{k}", None), r.pop(f"gap_sigma_k{k}", None)
             continue
         ours, base = (budget_config(demo, pool, work, r["budget"], args, r["steps"], v) for v in (r["variant"], args.variants[0]))
         for k in args.ks:
