@@ -8,6 +8,7 @@ All three run over the same rows with the same compute dtype and thread count:
 - bare forward: the base model over draftsmith's own token-budget batches, nothing captured or saved;
 - common script: batch 1, `output_hidden_states=True` (all L+1 states plus logits), `torch.save` per
   sample of the 3 aux states and the final state in the compute dtype, with input_ids and loss_mask.
+The tables land in bench/results/extract.json.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.publish import Table, save  # noqa: E402
 from tasks.config import ComputeConfig, ExtractConfig, RunConfig, TargetConfig  # noqa: E402
 from tasks.extract.batching import order_rows, pack_batches  # noqa: E402
 from tasks.extract.stage import EXTRACT, use_backend  # noqa: E402
@@ -133,22 +135,38 @@ def main() -> None:
         use_backend(config, backend)
         summary = EXTRACT.run(config)
         ours_s = time.perf_counter() - started
-    ours = tokens / ours_s
-    print(f"\n{len(rows)} ShareGPT rows, {tokens} tokens, compute {dtype}, {args.threads} thread(s), CPU\n")
-    print(f"{'approach':<42}{'tok/s':>9}{'draftsmith x':>14}{'bytes/token':>13}{'size vs ours':>14}")
-    table = [
-        ("draftsmith extract (hooks, bf16 shards)", ours, summary["bytes_per_token"]),
-        ("bare forward, same batches, no capture", tokens / bare_s, None),
-        ("common script (batch 1, all states, .pt)", tokens / script_s, script_bytes / tokens),
-    ]
-    for name, speed, bpt in table:
-        size = f"{bpt:>13.0f}{bpt / summary['bytes_per_token']:>13.2f}x" if bpt else f"{'-':>13}{'-':>14}"
-        print(f"{name:<42}{speed:>9.1f}{ours / speed:>13.2f}x{size}")
-    print(
-        f"\ndraftsmith / bare forward = {ours * bare_s / tokens:.2f} (goal >= 0.90); "
-        f"bytes/token {summary['bytes_per_token']:.0f} = {summary['bytes_per_token'] / (8 * 576):.3f} x 8*H; "
-        f"padding {summary['padding_share']:.1%} of computed positions"
-    )
+    raw = {
+        "rows": len(rows),
+        "tokens": tokens,
+        "dtype": str(dtype),
+        "threads": args.threads,
+        "draftsmith_s": ours_s,
+        "bare_forward_s": bare_s,
+        "script_s": script_s,
+        "script_bytes": script_bytes,
+        "bytes_per_token": summary["bytes_per_token"],
+        "padding_share": summary["padding_share"],
+    }
+    save("extract", extract_tables(raw), raw=raw)
+
+
+def extract_tables(raw: dict) -> list[Table]:
+    """Tokens/s and bytes/token of the three approaches; draftsmith against its goals."""
+    tokens, ours_bpt = raw["tokens"], raw["bytes_per_token"]
+    ours = tokens / raw["draftsmith_s"]
+    title = f"{raw['rows']} ShareGPT rows, {tokens:,} tokens, compute {raw['dtype']}, {raw['threads']} thread(s), CPU"
+    speed = Table(title, ["approach", "tokens/s", "draftsmith speed vs this", "bytes/token", "size vs draftsmith"])
+    for name, seconds, bpt in (
+        ("draftsmith extract (hooks, bf16 shards)", raw["draftsmith_s"], ours_bpt),
+        ("bare forward, same batches, no capture", raw["bare_forward_s"], None),
+        ("common script (batch 1, all states, .pt)", raw["script_s"], raw["script_bytes"] / tokens),
+    ):
+        speed.add(name, tokens / seconds, ours * seconds / tokens, bpt, bpt / ours_bpt if bpt else None)
+    goals = Table("draftsmith against its goals", ["measure", "value", "goal"])
+    goals.add("throughput / bare forward's", ours * raw["bare_forward_s"] / tokens, ">= 0.90")
+    goals.add("bytes per token / (8 x hidden size 576)", ours_bpt / (8 * 576), "1 (bf16 aux and final states)")
+    goals.add("padding, share of computed positions", raw["padding_share"], "-")
+    return [speed, goals]
 
 
 if __name__ == "__main__":

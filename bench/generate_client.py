@@ -6,6 +6,8 @@ process, so its CPU time and peak memory are its own.
 
     .venv/bin/python bench/generate_client.py            # 1,000 requests at concurrency 64 and 256
     .venv/bin/python bench/generate_client.py --quick    # 200 requests
+
+The tables land in bench/results/generate-client.json.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.publish import Table, save  # noqa: E402
 
 PROMPT = "Explain, step by step, how a hash map handles collisions, with a short example. Row {i}."
 
@@ -125,22 +129,39 @@ def main() -> None:
         base_url = f"http://127.0.0.1:{server.stdout.readline().strip()}/v1"
         rows = []
         for c in args.concurrency:
-            ours, sdk = measure("draftsmith", base_url, c, n), measure("openai", base_url, c, n)
-            rows.append((c, c / args.latency, ours, sdk))
+            rows.append(
+                {
+                    "concurrency": c,
+                    "draftsmith": measure("draftsmith", base_url, c, n),
+                    "openai": measure("openai", base_url, c, n),
+                }
+            )
     finally:
         server.terminate()
         server.wait()
-    print(f"{n} requests, server latency {args.latency:g} s, canned replies")
-    print(
-        f"{'conc':>5} {'limit r/s':>9} | {'ours r/s':>8} {'of lim':>6} {'cpu ms':>6} {'MB':>5} | "
-        f"{'sdk r/s':>8} {'of lim':>6} {'cpu ms':>6} {'MB':>5} | {'r/s x':>5} {'cpu /':>5}"
+    raw = {"requests": n, "latency_s": args.latency, "rows": rows}
+    save("generate-client", client_tables(raw), raw=raw)
+
+
+def client_tables(raw: dict) -> list[Table]:
+    """Throughput against Little's-law limit, and CPU and memory per request, draftsmith beside the SDK."""
+    latency = raw["latency_s"]
+    title = f"{raw['requests']:,} requests, server latency {latency:g} s, canned replies"
+    speed = Table(
+        f"Throughput: {title}",
+        ["concurrency", "limit r/s", "draftsmith r/s", "of limit", "SDK r/s", "of limit (SDK)", "draftsmith / SDK"],
+        note="limit: concurrency / latency (Little's law); SDK: openai.AsyncOpenAI behind an asyncio.Semaphore.",
     )
-    for c, limit, o, s in rows:
-        print(
-            f"{c:>5} {limit:>9.0f} | {o['rps']:>8.1f} {o['rps'] / limit:>6.2f} {o['cpu_ms']:>6.2f} {o['rss_mb']:>5.0f} | "
-            f"{s['rps']:>8.1f} {s['rps'] / limit:>6.2f} {s['cpu_ms']:>6.2f} {s['rss_mb']:>5.0f} | "
-            f"{o['rps'] / s['rps']:>5.2f} {s['cpu_ms'] / o['cpu_ms']:>5.2f}"
-        )
+    cost = Table(
+        f"Cost per request: {title}",
+        ["concurrency", "draftsmith CPU ms", "SDK CPU ms", "SDK / draftsmith CPU", "draftsmith peak MiB", "SDK peak MiB"],
+    )
+    for row in raw["rows"]:
+        c, ours, sdk = row["concurrency"], row["draftsmith"], row["openai"]
+        limit = c / latency
+        speed.add(c, limit, ours["rps"], ours["rps"] / limit, sdk["rps"], sdk["rps"] / limit, ours["rps"] / sdk["rps"])
+        cost.add(c, ours["cpu_ms"], sdk["cpu_ms"], sdk["cpu_ms"] / ours["cpu_ms"], ours["rss_mb"], sdk["rss_mb"])
+    return [speed, cost]
 
 
 if __name__ == "__main__":

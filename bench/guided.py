@@ -13,7 +13,7 @@ where they hold enough (`ambiguous`, the default), and searching every row (`cou
 count searched at it), and classifies all against the true ids. Cost is set beside the extract stage's forward pass
 over the same rows (same model, same threads, batched by length the way extract batches) and beside the every-row
 search. Last, whether one forward over the count-matched rows could point at the few a search changes: how many hold
-a candidate edit at all.
+a candidate edit at all. The tables land in bench/results/guided.json.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tasks  # noqa: E402,F401  (offline defaults)
+from bench.publish import Table, save  # noqa: E402
 from bench.simulate_reencode import sharegpt_prompts  # noqa: E402
 from tasks.config import GuidedConfig, TargetConfig  # noqa: E402
 from tasks.extract.batching import pack_batches  # noqa: E402
@@ -38,10 +39,6 @@ from tasks.target_model.chat import resolve_end_of_turn  # noqa: E402
 from tasks.target_model.loader import load_model, load_tokenizer  # noqa: E402
 from tasks.validate.simulate import replay_rows  # noqa: E402
 from tests.support.sample import sample_generations  # noqa: E402
-
-
-def split(counts: Counter, rows: int) -> str:
-    return f"{counts['exact']} ({counts['exact'] / rows:.0%}) / {counts['bpe_only']} / {counts['semantic']}"
 
 
 def extract_seconds(model, rows: list[list[int]], batch_tokens: int) -> float:
@@ -69,16 +66,19 @@ def timed(search):
     return ids, time.perf_counter() - started, searched
 
 
-def count_figures(spans, classes: list[str]) -> str:
+def count_figures(spans, classes: list[str]) -> dict:
     """Precision (count matched -> exact) and recall (not exact -> count mismatched) of the one-pass rebuilds."""
     matched = [s.counts.reply_ok for s in spans]
-    hits = [m for m, k in zip(matched, classes, strict=True) if m]
-    exact_hits = sum(k == "exact" for m, k in zip(matched, classes, strict=True) if m)
-    misses = [not m for m, k in zip(matched, classes, strict=True) if k != "exact"]
-    return f"{exact_hits}/{len(hits)} | {sum(misses)}/{len(misses)}"
+    pairs = list(zip(matched, classes, strict=True))
+    return {
+        "count_matched": sum(matched),
+        "count_matched_exact": sum(m and k == "exact" for m, k in pairs),
+        "not_exact": sum(k != "exact" for _, k in pairs),
+        "not_exact_count_mismatched": sum(not m and k != "exact" for m, k in pairs),
+    }
 
 
-def one_forward_screen(model, tokenizer, spans, classes: list[str]) -> str:
+def one_forward_screen(model, tokenizer, spans, classes: list[str]) -> dict:
     """Whether one forward over the count-matched rows narrows what `search` must score: how many of them (and of
     their non-exact ones) hold a candidate edit whose first token alone could clear its bar."""
     cfg, splitter = GuidedConfig(counted_rows="search"), Resplitter(tokenizer)
@@ -87,7 +87,39 @@ def one_forward_screen(model, tokenizer, spans, classes: list[str]) -> str:
     base = Pass(model, [p.ids for p in plans], [first_needed(p, cfg) for p in plans], cfg.batch_rows)
     held = [bool(candidate_edits(splitter, p, row, base, cfg)) for row, p in enumerate(plans)]
     wrong = [h for h, (_, k) in zip(held, matched, strict=True) if k != "exact"]
-    return f"{sum(held)} of {len(held)} (of the non-exact ones: {sum(wrong)} of {len(wrong)})"
+    return {"edit_held": sum(held), "edit_held_not_exact": sum(wrong), "count_matched_not_exact": len(wrong)}
+
+
+def guided_tables(raw: dict) -> list[Table]:
+    """One table of methods per temperature, and one of what the provider's counts tell."""
+    columns = ["method", "exact", "exact share", "bpe_only", "semantic", "exact -> not", "rows searched"]
+    columns += ["s per 1k tokens", "x extract", "x every-row guided"]
+    tables = []
+    for run in raw["runs"]:
+        title = f"T = {run['temperature']}: {run['rows']} replies, rebuilt and classified against their true ids"
+        table = Table(title, columns)
+        for m in run["methods"]:
+            c = m["classes"]
+            sec = m["seconds"]  # 0 for one pass: nothing searched, nothing timed
+            costs = (sec / run["kilotokens"], sec / run["extract_s"], sec / run["every_row_s"]) if sec else (None,) * 3
+            table.add(
+                m["method"], c["exact"], c["exact"] / run["rows"], c["bpe_only"], c["semantic"], m["exact_lost"],
+                m["rows_searched"], *costs,
+            )  # fmt: skip
+        tables.append(table)
+    counts = Table(
+        "What the provider's counts tell (one-pass rebuilds)",
+        ["T", "count matched", "of them exact", "not exact", "of them count mismatched"]
+        + ["count matched, holding a candidate edit after one forward", "of the non-exact ones", "at the count after search"],
+    )
+    for run in raw["runs"]:
+        f, screen = run["counts"], run["screen"]
+        counts.add(
+            f"{run['temperature']:g}", f["count_matched"], f["count_matched_exact"], f["not_exact"],
+            f["not_exact_count_mismatched"], screen["edit_held"],
+            f"{screen['edit_held_not_exact']} of {screen['count_matched_not_exact']}", run["at_count_after_search"],
+        )  # fmt: skip
+    return [*tables, counts]
 
 
 def main() -> None:
@@ -108,12 +140,7 @@ def main() -> None:
     end_of_turn = resolve_end_of_turn(tokenizer, target)
     prompts = sharegpt_prompts(args.rows, 400)
     cfg = GuidedConfig()
-    print(f"\nSmolLM2-135M-Instruct, {args.rows} ShareGPT replies per temperature, <= {args.max_new_tokens} new tokens,")
-    print(f"{args.threads} thread(s); guided: {cfg.model_dump()}\n")
-    header = "| T | rows | method | exact / bpe_only / semantic | exact -> not | rows searched | s/1k tok | x extract |"
-    header += " x every-row guided |"
-    print(header)
-    print("|" + "---|" * 9)
+    runs = []
     for temperature in (0.7, 0.0):
         rows = sample_generations(
             model, tokenizer, prompts, end_of_turn, max_new_tokens=args.max_new_tokens, temperature=temperature
@@ -138,25 +165,37 @@ def main() -> None:
                 lambda spans=spans: guided_by_count(model, tokenizer, spans, cfg.model_copy(update={"counted_rows": "search"}))
             ),
         }
-        every_s = methods["guided, every row, no counts (before counts)"][1]
         before = [s.verdict(tokenizer, s.span.ids).klass for s in spans]
+        scored = []
         for name, (ids, seconds, n) in {"one pass": ([s.span.ids for s in spans], 0.0, 0), **methods}.items():
             after = [s.verdict(tokenizer, i).klass for s, i in zip(spans, ids, strict=True)]
             lost = sum(b == "exact" and a != "exact" for b, a in zip(before, after, strict=True))
-            ratio = f"{seconds / every_s:.2f}x" if seconds else "-"
-            print(
-                f"| {temperature} | {len(spans)} | {name} | {split(Counter(after), len(spans))} | {lost} | {n} "
-                f"| {seconds / tokens:.2f} | {seconds / extract_s:.2f}x | {ratio} |"
-            )
-        print(
-            f"\ncounts at T={temperature}: count matched -> exact | not exact -> count mismatched: {count_figures(spans, before)}"
-        )
+            classes = {k: Counter(after)[k] for k in ("exact", "bpe_only", "semantic")}
+            scored.append({"method": name, "classes": classes, "exact_lost": lost, "rows_searched": n, "seconds": seconds})
         with torch.inference_mode():
             screen = one_forward_screen(model, tokenizer, spans, before)
-        print(f"count-matched rows holding a candidate edit after one forward: {screen}")
         counted = methods["guided by count, every row (search)"][0]
         reached = sum(s.counts.expected_reply == len(i) - s.span.start for s, i in zip(spans, counted, strict=True))
-        print(f"rows at the provider's count after the search of every row: {reached} of {len(spans)}\n")
+        runs.append(
+            {
+                "temperature": temperature,
+                "rows": len(spans),
+                "kilotokens": tokens,
+                "extract_s": extract_s,
+                "every_row_s": methods["guided, every row, no counts (before counts)"][1],
+                "methods": scored,
+                "counts": count_figures(spans, before),
+                "screen": screen,
+                "at_count_after_search": reached,
+            }
+        )
+    raw = {"replies_per_temperature": args.rows, "max_new_tokens": args.max_new_tokens, "threads": args.threads}
+    raw |= {"guided": cfg.model_dump(mode="json"), "runs": runs}
+    notes = (
+        f"SmolLM2-135M-Instruct, {args.rows} ShareGPT replies per temperature, at most {args.max_new_tokens} new tokens, "
+        f"{args.threads} thread(s); the guided settings are in the file's raw figures."
+    )
+    save("guided", guided_tables(raw), raw=raw, notes=notes)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 Three sources with log-normal token counts (chat ~300, code ~600, tool ~150 tokens; int32 ids) and ~5%
 duplicates (half exact sequence copies, half the same prompt in other case and spacing) are written once
 with pyarrow in batches. Each merge then runs in its own subprocess so its peak RSS is its own.
+The table lands in bench/results/merge.json.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.publish import Table, save  # noqa: E402
 
 # name: (share of rows, median tokens, log-normal sigma)
 SOURCES = {"chat": (0.5, 300, 0.6), "code": (0.3, 600, 0.5), "tool": (0.2, 150, 0.4)}
@@ -166,8 +169,9 @@ def main() -> None:
     try:
         started = time.perf_counter()
         generate(work / "bench", rows)
+        generate_s = time.perf_counter() - started
         size = sum(f.stat().st_size for f in (work / "bench" / "reconstructed").glob("*.parquet"))
-        print(f"generated {rows:,} rows ({size / 2**20:,.0f} MiB Parquet) in {time.perf_counter() - started:.0f} s")
+        print(f"generated {rows:,} rows ({size / 2**20:,.0f} MiB Parquet) in {generate_s:.0f} s")
         results = {
             "baseline (pandas)": measure("baseline", work, args.budget_mb),
             "draftsmith": measure("draftsmith", work, args.budget_mb),
@@ -175,15 +179,22 @@ def main() -> None:
     finally:
         if args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
+    raw = {"rows": rows, "parquet_mib": size / 2**20, "generate_s": generate_s, "budget_mb": args.budget_mb}
+    raw["results"] = results
+    save("merge", [merge_table(raw)], raw=raw)
+
+
+def merge_table(raw: dict) -> Table:
+    """Each merge's rows kept, time, rows/s and peak memory, beside the pandas baseline's."""
+    rows, results = raw["rows"], raw["results"]
+    title = f"Merge of {rows:,} synthetic rows ({raw['parquet_mib']:,.0f} MiB Parquet)"
+    table = Table(title, ["merge", "rows kept", "seconds", "rows/s", "peak RSS MiB", "speed vs baseline", "memory vs baseline"])
     base = results["baseline (pandas)"]
-    print()
-    print("| merge | rows kept | seconds | rows/s | peak RSS MiB | speed vs baseline | memory vs baseline |")
-    print("|---|---|---|---|---|---|---|")
     for name, r in results.items():
-        print(
-            f"| {name} | {r['kept']:,} | {r['seconds']:.1f} | {rows / r['seconds']:,.0f} | {r['peak_mib']:,.0f} "
-            f"| {base['seconds'] / r['seconds']:.2f}x | {r['peak_mib'] / base['peak_mib']:.2f}x |"
-        )
+        speed, memory = base["seconds"] / r["seconds"], r["peak_mib"] / base["peak_mib"]
+        table.add(name, r["kept"], r["seconds"], rows / r["seconds"], r["peak_mib"], speed, memory)
+    table.note = f"draftsmith's merge.memory_budget_mb: {raw['budget_mb']}."
+    return table
 
 
 if __name__ == "__main__":

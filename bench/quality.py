@@ -18,19 +18,21 @@ token however many epochs train. Held out: chat and code conversations from a di
 Each budget prints τ (pooled over prompts, temperature 0) with its bootstrap σ over the prompts, τ_sim (training's
 own estimate, over the last tenth of the steps), per-position acceptance, train tokens/s and greedy vs speculative
 tokens/s of draftsmith's evaluate, and with `--vllm` τ by vLLM on the same export and prompts (or, with `--vllm-only`
-and the flags of the run that trained them, for the budgets already trained); one table and one plot
-(runs/bench-quality/curve.png). `--variants` trains each draft shape (EAGLE-3 / 3.1, Llama or MLA attention) on the
-same merged rows and hidden states (each shape's τ gap to the first is bootstrapped over the same prompts, paired),
-`--ks` decodes each at several chain lengths. Each scored shape's row is kept in its run folder (`bench-row.json`,
-with vLLM's τ once `--vllm-only` has added it): the same command run again after a stop, or with another shape
-added, trains only the shapes not scored yet, a stopped one from its last checkpoint (every 200 steps); `--dtype
-float32` keeps such a run in one precision on machines that differ (`rm -rf runs/bench-quality` to start over).
+and the flags of the run that trained them, for the budgets already trained); the tables and the curve land in
+bench/results/quality.json (`--results NAME`: bench/results/NAME.json). `--variants` trains each draft shape
+(EAGLE-3 / 3.1, Llama or MLA attention) on the same merged rows and hidden states (each shape's τ gap to the first
+is bootstrapped over the same prompts, paired), `--ks` decodes each at several chain lengths. Each scored shape's
+row is kept in its run folder (`bench-row.json`, with vLLM's τ once `--vllm-only` has added it): the same command
+run again after a stop, or with another shape added, trains only the shapes not scored yet, a stopped one from its
+last checkpoint (every 200 steps); `--dtype float32` keeps such a run in one precision on machines that differ
+(`rm -rf runs/bench-quality` to start over).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import tasks  # noqa: E402,F401  (offline defaults)
+from bench.publish import Plot, Table, save  # noqa: E402
 from tasks.config import RunConfig, load_config  # noqa: E402
 from tasks.generate.sources import load_source  # noqa: E402
 from tasks.stages import stage_dir  # noqa: E402
@@ -357,21 +360,51 @@ def train_and_score(config: RunConfig, target, args, per_epoch: int) -> dict:
     return result
 
 
-def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
+VLLM_NOTE = "τ by vLLM: `-` where it was not run, or where vLLM's CPU build refused the draft (MLA beside a Llama target)."
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["tokens"] for r in results], [r["tau"] for r in results], marker="o")
-    ax.set_xscale("log")
-    ax.set_xlabel(f"distinct target tokens trained on ({results[-1]['epochs']:g} epochs)")
-    ax.set_ylabel(f"τ at k={len(results[0]['per_position'])}")
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def curve_plot(results: list[dict]) -> list[Plot]:
+    """τ at the first k against distinct target tokens, one series per draft shape; none for a single budget."""
+    if len({r["budget"] for r in results}) < 2:
+        return []
+    k = len(results[0]["per_position"])
+    series = []
+    for variant in dict.fromkeys(r.get("variant", "3.0") for r in results):
+        picked = [r for r in results if r.get("variant", "3.0") == variant]
+        series.append({"label": variant, "x": [r["tokens"] for r in picked], "y": [r["tau"] for r in picked]})
+    epochs = f"{results[-1]['epochs']:g} epochs"
+    return [Plot("τ against training data", f"distinct target tokens trained on ({epochs})", f"τ at k={k}", series, x_log=True)]
+
+
+def result_tables(results: list[dict]) -> list[Table]:
+    """Training per budget and shape, then τ on the held-out prompts at each k (gaps paired against the shape that
+    holds none, where shapes were compared)."""
+    ks = sorted({int(key[5:]) for r in results for key in r if re.fullmatch(r"tau_k\d+", key)})
+    gaps = any(f"gap_k{k}" in r for r in results for k in ks)
+    reference = next((r.get("variant", "3.0") for r in results if not any(f"gap_k{k}" in r for k in ks)), None)
+    columns = ["target tokens", "shape", "rows", "steps", "epochs", "extract s", "train s", "train tokens/s", "τ_sim"]
+    train = Table(
+        f"Training, and decoding at k={ks[0]}", [*columns, "greedy tokens/s", "speculative tokens/s"],
+        note="extract s: the budget's one extract (a shape sharing another's hidden states shows the link's time).",
+    )  # fmt: skip
+    for r in results:
+        train.add(
+            r["tokens"], r.get("variant", "3.0"), r["rows"], r["steps"], r["epochs"], r["extract_s"], r["train_s"],
+            r["train_tokens_per_s"], r.get("tau_sim"), r["greedy_tokens_per_s"], r["speculative_tokens_per_s"],
+        )  # fmt: skip
+    tables = [train]
+    for k in ks:
+        columns = ["target tokens", "shape", "τ", "± σ"]
+        columns += [f"gap to {reference}, paired", "± σ (paired)"] if gaps else []
+        columns += ["τ by vLLM", f"acceptance 1..{k}"]
+        table = Table(f"τ at k={k} on {results[0]['prompts']} held-out prompts, temperature 0", columns, note=VLLM_NOTE)
+        for r in results:
+            row = [r["tokens"], r.get("variant", "3.0"), r[f"tau_k{k}"], r[f"sigma_k{k}"]]
+            row += [r.get(f"gap_k{k}"), r.get(f"gap_sigma_k{k}")] if gaps else []
+            accept = " ".join(f"{a:.2f}" for a in r.get(f"per_position_k{k}", r["per_position"]))
+            table.add(*row, r.get(f"tau_vllm_k{k}", r.get("tau_vllm")), accept)
+        tables.append(table)
+    return tables
 
 
 def main() -> None:
@@ -391,6 +424,7 @@ def main() -> None:
     parser.add_argument("--vllm", action="store_true", help="also τ by vLLM ($DRAFTSMITH_VLLM_PYTHON, see make test-vllm)")
     parser.add_argument("--vllm-only", action="store_true", help="only τ by vLLM, for the runs in the last results.json")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--results", default="quality", help="the results file: bench/results/NAME.json")
     parser.add_argument(
         "--dtype", choices=["float32"], default=None, help="hidden states and training (default: bf16 where native)"
     )
@@ -424,32 +458,8 @@ def main() -> None:
     if len(args.variants) > 1:
         add_gaps(results, demo, pool, work, args)
         (work / "results.json").write_text(json.dumps(results, indent=2))
-    plot([r for r in results if r.get("variant", "3.0") == args.variants[0]], work / "curve.png")
-    print_table(results, args)
-    print(f"\nplot: {work / 'curve.png'}")
-
-
-def print_table(results: list[dict], args) -> None:
-    k = args.ks[0]
-    print(f"\n{results[0]['prompts']} held-out prompts (chat and code), temperature 0, {args.new_tokens} new tokens")
-    ks = " | ".join(f"τ k={k} ± σ | gap to {args.variants[0]} (paired) | τ by vLLM k={k}" for k in args.ks)
-    head = "| tokens | variant | steps | epochs | extract s | train s | train tokens/s | τ_sim"
-    print(f"{head} | {ks} | accept@1..{k} | greedy / spec tokens/s |")
-    print("|---|---|---|---|---|---|---|---|" + "---|---|---|" * len(args.ks) + "---|---|")
-    for r in results:
-        accept = " ".join(f"{a:.2f}" for a in r["per_position"])
-        taus = " | ".join(
-            f"{r[f'tau_k{k}']:.3f} ± {r[f'sigma_k{k}']:.3f} | "
-            + (f"{r[f'gap_k{k}']:+.3f} ± {r[f'gap_sigma_k{k}']:.3f} | " if f"gap_k{k}" in r else "- | ")
-            + ("-" if r.get(f"tau_vllm_k{k}") is None else format(r[f"tau_vllm_k{k}"], ".3f"))
-            for k in args.ks
-        )
-        tau_sim = "-" if r.get("tau_sim") is None else format(r["tau_sim"], ".3f")
-        print(
-            f"| {r['tokens']} | {r.get('variant', '3.0')} | {r['steps']} | {r['epochs']:.1f} | {r['extract_s']:.0f} "
-            f"| {r['train_s']:.0f} | {r['train_tokens_per_s']:.0f} | {tau_sim} | {taus} | {accept} "
-            f"| {r['greedy_tokens_per_s']:.1f} / {r['speculative_tokens_per_s']:.1f} |"
-        )
+    notes = f"{results[0]['prompts']} held-out prompts (chat and code), temperature 0, {args.new_tokens} new tokens."
+    save(args.results, result_tables(results), raw=results, plots=curve_plot(results), notes=notes)
 
 
 if __name__ == "__main__":

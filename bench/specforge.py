@@ -19,7 +19,7 @@ stored final states. Its weights are written as draftsmith's export (same config
 from draftsmith's loop at temperature 0 on the same held-out prompts. What still differs: the first warmup step's
 lr (SpecForge: lr/warmup, draftsmith: 0); SpecForge's loss is a mean over all B*T positions, draftsmith's over the
 trained ones; SpecForge masks position t by loss_mask[t], draftsmith by loss_mask[t+2] (the token drafted).
-tokens/s counts every token of every batch, both sides.
+tokens/s counts every token of every batch, both sides. The tables land in bench/results/specforge.json.
 
 What SpecForge 0.2.0 needs on a CPU (paths under specforge/):
 - core/loss.py:10 `import triton`: ModuleNotFoundError, the CPU torch wheel has no triton, and
@@ -62,6 +62,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import torch  # noqa: E402
 
 import tasks  # noqa: E402,F401  (offline defaults)
+from bench.publish import Table, save  # noqa: E402
 from bench.train import measure_tau, prepare_data, train_variant  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 from tasks.draft.data import OfflineSource, plan_batches  # noqa: E402
@@ -193,7 +194,7 @@ def draftsmith_marks(run_dir: Path) -> list[tuple[float, int]]:
 def pace(marks: list[tuple[float, int]]) -> dict:
     """tokens/s over all steps and over steps 2+ (the first holds torch.compile's work), first step seconds."""
     (first_s, first_tokens), (last_s, last_tokens) = marks[0], marks[-1]
-    later = (last_tokens - first_tokens) / (last_s - first_s) if len(marks) > 1 else float("nan")
+    later = (last_tokens - first_tokens) / (last_s - first_s) if len(marks) > 1 else None
     return {"all": last_tokens / last_s, "later": later, "first_s": first_s}
 
 
@@ -249,28 +250,39 @@ def main() -> None:
         for label, d in (("untrained", untrained_dir), ("draftsmith", ds_dir), ("SpecForge", sf_dir))
     }
 
-    loaded = ", ".join(f"{key} {value}" for key, value in info.items())
-    print(f"\nSpecForge's AutoDraftModel.from_pretrained on a draftsmith export ({untrained_dir}): {loaded}")
-    print(f"same initial weights, {train.ttt_steps} unrolled steps: largest |logit gap| {gap:.2e}")
-    print(
-        f"{len(source.rows)} rows, {steps} steps of {train.batch_tokens} tokens, TTT {train.ttt_steps}, lr {train.lr}, "
-        f"draft vocab {train.draft_vocab_size}; τ on {len(prompts)} held-out prompts x {max_new} new tokens, k={k}, greedy\n"
+    raw = {"loading_info": info, "logit_gap": gap, "rows": len(source.rows), "steps": steps}
+    raw |= {"batch_tokens": train.batch_tokens, "ttt_steps": train.ttt_steps, "lr": train.lr}
+    raw |= {"draft_vocab_size": train.draft_vocab_size, "prompts": len(prompts), "max_new_tokens": max_new, "k": k}
+    raw |= {"pace": paces, "tau": taus}
+    save("specforge", specforge_tables(raw), raw=raw)
+
+
+def specforge_tables(raw: dict) -> list[Table]:
+    """The two trainers side by side (tokens/s, τ) with their ratio; and the check that both start from one draft."""
+    k, prompts = raw["k"], raw["prompts"]
+    title = (
+        f"{raw['rows']} rows, {raw['steps']} steps of {raw['batch_tokens']} tokens, TTT {raw['ttt_steps']}, "
+        f"lr {raw['lr']}, draft vocab {raw['draft_vocab_size']}; τ on {prompts} held-out prompts x "
+        f"{raw['max_new_tokens']} new tokens, k={k}, greedy"
     )
-    print(f"| trainer | train tokens/s | steps 2+ tokens/s | first step s | τ | accept@1..{k} | identical |")
-    print("|---|---|---|---|---|---|---|")
+    columns = ["trainer", "train tokens/s", "steps 2+ tokens/s", "first step s", "τ", f"acceptance 1..{k}", "identical"]
+    table = Table(title, columns)
+    paces, taus = raw["pace"], raw["tau"]
     for label in ("draftsmith", "SpecForge"):
         p, m = paces[label], taus[label]
         accept = " ".join(f"{a:.2f}" for a in m["per_position"])
-        print(
-            f"| {label} | {p['all']:.0f} | {p['later']:.0f} | {p['first_s']:.1f} | {m['tau']:.3f} | {accept} | "
-            f"{m['identical']}/{len(prompts)} |"
-        )
-    print(f"| untrained | - | - | - | {taus['untrained']['tau']:.3f} | - | - |")
-    ds, sf_pace = paces["draftsmith"], paces["SpecForge"]
-    print(
-        f"\ndraftsmith / SpecForge: train tokens/s {ds['all'] / sf_pace['all']:.2f}x (steps 2+: "
-        f"{ds['later'] / sf_pace['later']:.2f}x), τ {taus['draftsmith']['tau'] / taus['SpecForge']['tau']:.3f}x"
-    )
+        table.add(label, p["all"], p["later"], p["first_s"], m["tau"], accept, f"{m['identical']}/{prompts}")
+    table.add("untrained", None, None, None, taus["untrained"]["tau"], None, None)
+    ds, sf = paces["draftsmith"], paces["SpecForge"]
+    later = ds["later"] / sf["later"] if ds["later"] and sf["later"] else None
+    ratio = taus["draftsmith"]["tau"] / taus["SpecForge"]["tau"]
+    table.add("draftsmith / SpecForge", ds["all"] / sf["all"], later, None, ratio, None, None)
+    start = Table("The same start", ["check", "value"])
+    start.add("SpecForge's AutoDraftModel.from_pretrained on a draftsmith export", "; ".join(
+        f"{key}: {', '.join(map(str, value)) or 'none'}" for key, value in raw["loading_info"].items()
+    ))  # fmt: skip
+    start.add(f"largest |logit gap| over {raw['ttt_steps']} unrolled steps, same initial weights", raw["logit_gap"])
+    return [table, start]
 
 
 if __name__ == "__main__":

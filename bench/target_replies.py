@@ -6,7 +6,7 @@ trained (loss-masked) tokens.
     .venv/bin/python bench/target_replies.py generate              # every readable first turn + BFCL, at most 768 tokens
     .venv/bin/python bench/target_replies.py arm b --budget 200000   # one arm; (a) (b) (c) (d)
     .venv/bin/python bench/target_replies.py speed --budget 1000000  # vLLM greedy vs speculative at k = 2, 3, 4
-    .venv/bin/python bench/target_replies.py table
+    .venv/bin/python bench/target_replies.py table                   # prints the results file's tables
 
 `generate` buys the demo target's replies through the pipeline's own generate stage (its journal: a rerun asks only
 for the prompts it lacks) from vLLM on CPU, started as `evaluate.engine: vllm` starts it (127.0.0.1, no seed,
@@ -40,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tasks  # noqa: E402,F401  (offline defaults)
+from bench.publish import Plot, Table, load, machine, save  # noqa: E402
 from bench.quality import (  # noqa: E402
     HELD_OUT_OFFSET,
     SHAREGPT,
@@ -57,13 +58,25 @@ from tasks.stages import stage_dir  # noqa: E402
 from tasks.storage import read_table, write_table  # noqa: E402
 
 WORK = Path("runs/bench-target").resolve()
-RESULTS = Path(__file__).resolve().parent / "results" / "target-replies.json"
+BENCH = "target-replies"
+RESULTS = Path(__file__).resolve().parent / "results" / f"{BENCH}.json"
 # The bought replies, committed beside the results: the arms of one table train on the same replies, whichever
 # machine runs them, and a fresh checkout asks the engine only for prompts the copy lacks.
 JOURNAL_COPY = RESULTS.with_name("target-replies-journal.jsonl.gz")
 BFCL = [f"pypi:bfcl-eval==2026.3.23/bfcl_eval/data/BFCL_v4_{name}.json" for name in ("live_simple", "live_multiple")]
 # What each arm trains on: the reconstruct methods over the target's replies (None: ShareGPT's own replies).
 ARMS = {"a": None, "b": ["server_ids"], "c": ["reencode"], "d": ["guided"]}
+# The file fills arm by arm, on whichever machine each arm ran: its envelope names the last one, each run recorded
+# since keeps its own, and the runs recorded before are named here.
+NOTES = (
+    "Filled arm by arm: the command, machine, date and commit above are the last recorded run's. Each run recorded "
+    "since keeps its own machine in the raw figures, and each row names its hidden-state dtype (bf16 where the CPU "
+    "computes it natively). The runs recorded before: arms (a), (b) and (c) at 200,000 trained tokens on an AMD EPYC "
+    "without native bf16; the (b) rerun, (d), every arm at 1,000,000 and the vLLM speed runs on an AMD EPYC with "
+    "AVX512-BF16, each as `arm X --budget N` or `speed --budget N` with `DRAFTSMITH_VLLM_PYTHON=.venv-vllm/bin/python`, "
+    "on the replies of `generate --first-turns 700 --bfcl 60` (200,000) and `generate --first-turns 2800 --bfcl 100` "
+    "(1,000,000)."
+)
 ARM_NAMES = {
     "a": "dataset replies (ShareGPT's)",
     "b": "target replies, server ids",
@@ -232,7 +245,7 @@ def same_replies(budget: int) -> int:
     target's replies at one budget must share their count, since each draws its rows from them in one hashed order,
     and another set of replies would give them other rows."""
     replies = replies_in(journal_path().parent)
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = stored()
     for arm in ("b", "c", "d"):
         drawn = results.get(arm, {}).get(str(budget), {}).get("journal_replies", replies)
         if drawn != replies:
@@ -279,8 +292,7 @@ def speed(demo: RunConfig, budget: int, args) -> dict:
     from tasks.evaluate.stage import evaluate_draft
     from tasks.target_model.loader import load_model
 
-    results = json.loads(RESULTS.read_text())
-    steps = results["b"][str(budget)]["steps"]
+    steps = stored()["b"][str(budget)]["steps"]
     pool = build_pool(demo, Path("runs/bench-quality").resolve(), args.pool_rows, args.held_out, False)
     config = arm_config(demo, pool, "b", budget, args, steps)
     target, out = load_model(demo.target, dtype="float32"), {}
@@ -299,17 +311,22 @@ def speed(demo: RunConfig, budget: int, args) -> dict:
     return out
 
 
+def stored() -> dict:
+    """Every arm recorded so far (the results file's raw figures), by arm and budget; {} before the first."""
+    return load(BENCH)["raw"] if RESULTS.exists() else {}
+
+
 def record(key: str, budget: int, result: dict) -> None:
-    """An arm's result at a budget; a rerun is kept beside the first run (the other arms' paired gaps were taken
-    against that one), which stays the table's row."""
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    """An arm's result at a budget, with the machine it ran on; a rerun is kept beside the first run (the other arms'
+    paired gaps were taken against that one), which stays the table's row."""
+    results = stored()
+    result["machine"] = machine()
     earlier = results.setdefault(key, {}).get(str(budget))
     if earlier is not None and key in ARMS:
         earlier.setdefault("reruns", []).append(result)
     else:
         results[key][str(budget)] = result
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    save(BENCH, replies_tables(results), raw=results, plots=replies_plot(results), notes=NOTES)
 
 
 def gap_to_b(arm: str, budget: int) -> tuple[float, float]:
@@ -317,70 +334,91 @@ def gap_to_b(arm: str, budget: int) -> tuple[float, float]:
     return paired_gap(*(WORK / f"arm-{name}-{budget}" / "eval" / "results.json" for name in (arm, "b")))
 
 
-def table() -> None:
-    results = json.loads(RESULTS.read_text())
-    print("| arm | trained tokens | rows | τ at k=4 ± σ | acceptance 1..4 | τ_sim | exact rows vs (b) | train s |")
-    print("|---|---|---|---|---|---|---|---|")
-    firsts = [(arm, r) for arm in ARMS for _, r in sorted(results.get(arm, {}).items(), key=lambda p: int(p[0]))]
-    runs = [(arm, r) for arm, first in firsts for r in (first, *first.get("reruns", []))]
-    for arm, r in runs:
+def arm_runs(results: dict) -> list[tuple[str, dict, int]]:
+    """(arm, result, n) for every run, budget by budget and arm by arm: n = 0 for the first run, 1+ for its reruns."""
+    firsts = sorted(((arm, r) for arm in ARMS for r in results.get(arm, {}).values()), key=lambda p: p[1]["budget"])
+    return [(arm, r, n) for arm, first in firsts for n, r in enumerate((first, *first.get("reruns", [])))]
+
+
+def replies_tables(results: dict) -> list[Table]:
+    """τ per arm; the text arms' rebuilds checked against the server's ids; the paired gaps to (b); vLLM's speed."""
+    taus = Table(
+        "τ per arm at k = 4, temperature 0, on the held-out prompts",
+        ["budget", "arm", "hidden states", "trained tokens", "rows", "prompts", "τ", "± σ", "acceptance 1..4"]
+        + ["τ_sim", "train s"],
+    )
+    checked = Table(
+        "Text arms: rebuilt replies checked against the server's ids",
+        ["budget", "arm", "replies checked", "exact", "bpe_only", "semantic", "exact share", "trained rows"]
+        + ["trained rows BPE-only", "rebuild s"],
+    )
+    notes = []
+    for arm, r, n in arm_runs(results):
+        name = f"({arm}) {ARM_NAMES[arm]}" + (" (rerun)" if n else "")
+        accept = " ".join(f"{a:.2f}" for a in r["per_position"])
+        taus.add(
+            r["budget"], name, r.get("hidden_dtype"), r["trained_tokens"], r["rows"], r["prompts"], r["tau"],
+            r["sigma_k4"], accept, r["tau_sim"], r["train_s"],
+        )  # fmt: skip
+        notes += [f"{name} at {r['budget']:,}: {r[key]}." for key in ("timing_note", "rebuild_note") if key in r]
         classes = r.get("classes") or {}
         verified = sum(classes.get(k, 0) for k in ("exact", "bpe_only", "semantic"))
-        exact = f"{classes['exact'] / verified:.1%}" if arm in ("c", "d") and verified else "-"
-        if "trained_rows_by_class" in r:  # how many of the rows it trained on are BPE-only
-            exact += f"; {r['trained_rows_by_class'].get('bpe_only', 0)} of {r['rows']} trained rows BPE-only"
-        accept = " ".join(f"{a:.2f}" for a in r["per_position"])
-        dtype = f", {r['hidden_dtype']} states" if "hidden_dtype" in r else ""
-        print(
-            f"| ({arm}) {ARM_NAMES[arm]}{dtype} | {r['trained_tokens']} | {r['rows']} | {r['tau']:.3f} ± {r['sigma_k4']:.3f} "
-            f"| {accept} | {r['tau_sim']:.3f} | {exact} | {r['train_s']:.0f} |"
-        )
-    for arm in ("a", "c", "d"):
-        for budget, r in sorted(results.get(arm, {}).items(), key=lambda p: int(p[0])):
-            if "tau_gap_vs_b" in r:
-                gap, sigma = r["tau_gap_vs_b"]
-                b = f" (the (b) run at τ {r['b_tau']:.3f})" if "b_tau" in r else ""
-                print(f"\nτ({arm}) − τ(b){b} at {budget}: {gap:+.3f} ± {sigma:.3f} (paired bootstrap over the same prompts)")
-    for budget, by_k in sorted(results.get("speed", {}).items()):
-        print(f"\nvLLM with arm (b)'s draft at {budget} trained tokens: greedy vs speculative tokens/s, and draftsmith's loop")
-        print("| k | τ (vLLM) | vLLM greedy / speculative | τ (draftsmith) | draftsmith greedy / speculative |")
-        print("|---|---|---|---|---|")
-        for k, s in sorted(by_k.items()):
-            print(
-                f"| {k} | {s['vllm_tau']:.3f} | {s['vllm_greedy_tokens_per_s']:.1f} / {s['vllm_speculative_tokens_per_s']:.1f} "
-                f"| {s['tau']:.3f} | {s['greedy_tokens_per_s']:.1f} / {s['speculative_tokens_per_s']:.1f} |"
-            )
-
-
-def plot(path: Path) -> None:
-    """τ ± σ per arm, one series per budget: the dataset's replies (today's curve) beside the target's."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    results = json.loads(RESULTS.read_text())
-    budgets = sorted({int(b) for arm in ARMS for b in results.get(arm, {})})
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for n, budget in enumerate(budgets):
-        shift = (n - (len(budgets) - 1) / 2) * 0.15
-        firsts = [(arm, results[arm][str(budget)]) for arm in ARMS if str(budget) in results.get(arm, {})]
-        runs = [(arm, r, i) for arm, first in firsts for i, r in enumerate((first, *first.get("reruns", [])))]
-        for dtype in sorted({r.get("hidden_dtype", "float32") for _, r, _ in runs}):
-            picked = [(arm, r, i) for arm, r, i in runs if r.get("hidden_dtype", "float32") == dtype]
-            x = [list(ARMS).index(arm) + shift + 0.12 * i for arm, _, i in picked]
-            tau, sigma = [r["tau"] for _, r, _ in picked], [r["sigma_k4"] for _, r, _ in picked]
-            ax.errorbar(
-                x, tau, yerr=sigma, marker="o", mfc="white" if dtype == "bfloat16" else None, linestyle="none",
-                capsize=3, label=f"{budget:,} trained tokens, {dtype} hidden states",
+        if arm in ("c", "d") and verified:
+            bpe_rows = r.get("trained_rows_by_class", {}).get("bpe_only")
+            checked.add(
+                r["budget"], name, verified, classes["exact"], classes["bpe_only"], classes["semantic"],
+                classes["exact"] / verified, r["rows"], bpe_rows, r.get("rebuild_s"),
             )  # fmt: skip
-    ax.set_xticks(range(len(ARMS)), [f"({arm})\n{ARM_NAMES[arm]}" for arm in ARMS], fontsize=7)
-    ax.set_ylabel("τ at k=4 (± bootstrap σ)")
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    taus.note = " ".join(notes)
+    gaps = Table(
+        "Paired gaps to (b): τ(arm) − τ(b) over the prompts both scored",
+        ["budget", "arm", "τ(arm) − τ(b)", "± σ (paired bootstrap)", "(b)'s τ"],
+        note="(b)'s τ: the (b) run on the same machine the gap was taken against; `-`: the first (b) run at that budget.",
+    )
+    for arm, r, _ in arm_runs(results):
+        if "tau_gap_vs_b" in r:
+            gaps.add(r["budget"], f"({arm}) {ARM_NAMES[arm]}", *r["tau_gap_vs_b"], r.get("b_tau"))
+    tables = [taus, checked, gaps]
+    for budget, by_k in sorted(results.get("speed", {}).items(), key=lambda p: int(p[0])):
+        speed = Table(
+            f"Arm (b)'s draft at {int(budget):,} trained tokens: greedy vs speculative tokens/s, vLLM and draftsmith's loop",
+            ["k", "τ (vLLM)", "vLLM greedy", "vLLM speculative", "vLLM speed-up"]
+            + ["τ (draftsmith)", "draftsmith greedy", "draftsmith speculative", "draftsmith speed-up"],
+        )
+        for k, v in sorted(by_k.items()):
+            vllm = [v["vllm_tau"], v["vllm_greedy_tokens_per_s"], v["vllm_speculative_tokens_per_s"]]
+            ours = [v["tau"], v["greedy_tokens_per_s"], v["speculative_tokens_per_s"]]
+            speed.add(int(k), *vllm, vllm[2] / vllm[1], *ours, ours[2] / ours[1])
+        tables.append(speed)
+    return tables
+
+
+def table() -> None:
+    """The results file's tables, printed: nothing is measured or written."""
+    for t in replies_tables(stored()):
+        print(f"\n{t.markdown()}")
+
+
+def replies_plot(results: dict) -> list[Plot]:
+    """τ ± σ per arm, one series per budget and hidden-state dtype (reruns beside their first run)."""
+    runs = arm_runs(results)
+    budgets = sorted({r["budget"] for _, r, _ in runs})
+    series = []
+    for b, budget in enumerate(budgets):
+        shift = (b - (len(budgets) - 1) / 2) * 0.15
+        at_budget = [(arm, r, n) for arm, r, n in runs if r["budget"] == budget]
+        for dtype in sorted({r.get("hidden_dtype", "float32") for _, r, _ in at_budget}):
+            picked = [(arm, r, n) for arm, r, n in at_budget if r.get("hidden_dtype", "float32") == dtype]
+            series.append(
+                {
+                    "label": f"{budget:,} trained tokens, {dtype} hidden states",
+                    "x": [list(ARMS).index(arm) + shift + 0.12 * n for arm, _, n in picked],
+                    "y": [r["tau"] for _, r, _ in picked],
+                    "yerr": [r["sigma_k4"] for _, r, _ in picked],
+                }
+            )
+    ticks = [f"({arm})\n{ARM_NAMES[arm]}" for arm in ARMS]
+    return [Plot("τ per arm", "", "τ at k=4 (± bootstrap σ)", series, x_ticks=ticks, lines=False)]
 
 
 def main() -> None:
@@ -410,13 +448,10 @@ def main() -> None:
             result["tau_gap_vs_b"] = gap_to_b(args.arm, args.budget)
             result["b_tau"] = json.loads(b_eval.read_text())["summary"]["acceptance_length"]
         record(args.arm, args.budget, result)
-        table()
     elif args.what == "speed":
         record("speed", args.budget, speed(demo, args.budget, args))
-        table()
     else:
         table()
-        plot(Path(__file__).resolve().parent.parent / "docs" / "target-replies.png")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 
 Data: ShareGPT conversations (first user turn and reply, cut to --max-tokens) rendered with the
 demo target's chat template and run through the extract stage, cached under runs/bench-train/.
-Held-out prompts come from the merged eval split, as in the evaluate stage.
+Held-out prompts come from the merged eval split, as in the evaluate stage. The table lands in
+bench/results/train.json.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import tasks  # noqa: E402,F401  (offline defaults)
+from bench.publish import Table, save  # noqa: E402
 from tasks.config import RunConfig, load_config  # noqa: E402
 from tasks.draft.data import OfflineSource  # noqa: E402
 from tasks.draft.export import ExportTarget, export_draft, load_export  # noqa: E402
@@ -152,23 +154,30 @@ def main() -> None:
     prompts = prompts[:prompts_n]
     stops = stop_ids(base)
     greedy = [greedy_decode(target, p["prompt_ids"], max_new, stops) for p in prompts]
-    rows = []
+    drafts = []
     for name, (export_dir, tps, seconds) in variants.items():
-        rows.append((name, tps, seconds, measure_tau(target, export_dir, prompts, greedy, k, max_new, stops)))
-    baseline = rows[0][3]["tau"]
-    print(
-        f"\n{len(prompts)} held-out prompts x {max_new} new tokens, {k} draft tokens per target forward, "
-        f"{steps} steps of {base.train.batch_tokens} tokens, draft vocab {base.train.draft_vocab_size}\n"
+        scored = measure_tau(target, export_dir, prompts, greedy, k, max_new, stops)
+        drafts.append({"draft": name, "train_tokens_per_s": tps, "train_s": seconds} | scored)
+    raw = {"prompts": len(prompts), "max_new_tokens": max_new, "k": k, "steps": steps}
+    raw |= {"batch_tokens": base.train.batch_tokens, "draft_vocab_size": base.train.draft_vocab_size, "drafts": drafts}
+    save("train", [train_table(raw)], raw=raw)
+
+
+def train_table(raw: dict) -> Table:
+    """Each draft's training speed and τ, against the untrained draft's τ."""
+    k, prompts = raw["k"], raw["prompts"]
+    title = (
+        f"{prompts} held-out prompts x {raw['max_new_tokens']} new tokens, {k} draft tokens per target forward, "
+        f"{raw['steps']} steps of {raw['batch_tokens']} tokens, draft vocab {raw['draft_vocab_size']}"
     )
-    print(f"| draft | train tokens/s | train s | τ | τ vs untrained | accept@1..{k} | identical |")
-    print("|---|---|---|---|---|---|---|")
-    for name, tps, seconds, m in rows:
-        accept = " ".join(f"{a:.2f}" for a in m["per_position"])
-        tps_text = f"{tps:.0f}" if tps else "-"
-        print(
-            f"| {name} | {tps_text} | {seconds:.0f} | {m['tau']:.3f} | {m['tau'] / baseline:.2f}x | {accept} | "
-            f"{m['identical']}/{len(prompts)} |"
-        )
+    columns = ["draft", "train tokens/s", "train s", "τ", "τ vs untrained", f"acceptance 1..{k}", "identical to greedy"]
+    table = Table(title, columns)
+    baseline = raw["drafts"][0]["tau"]
+    for d in raw["drafts"]:
+        accept = " ".join(f"{a:.2f}" for a in d["per_position"])
+        identical = f"{d['identical']}/{prompts}"
+        table.add(d["draft"], d["train_tokens_per_s"], d["train_s"], d["tau"], d["tau"] / baseline, accept, identical)
+    return table
 
 
 if __name__ == "__main__":
