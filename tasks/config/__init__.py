@@ -4,7 +4,7 @@ The same models are the Prefect flow parameters (the UI renders them as forms) a
 YAML. Every default sits beside a one-line reason. One module per section; import them from here.
 """
 
-from tasks.config.base import ConfigError, StrictModel, field_label
+from tasks.config.base import ConfigError, StrictModel, UserError, field_label
 from tasks.config.evaluate import EvaluateConfig
 from tasks.config.extract import ExtractConfig
 from tasks.config.generate import (
@@ -47,6 +47,7 @@ __all__ = [
     "StrictModel",
     "TargetConfig",
     "TrainConfig",
+    "UserError",
     "ValidationConfig",
     "VllmConfig",
     "config_fields",

@@ -44,5 +44,10 @@ class StrictModel(BaseModel):
     )
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """A mistake in what the user gave (config, files, target, environment), not a bug: the `draftsmith` command
+    prints the message alone, with no traceback, and exits 2. The message names the file, key or row and the fix."""
+
+
+class ConfigError(UserError, ValueError):
     """A config file that does not fit the schema; the message names each key path."""

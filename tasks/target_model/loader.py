@@ -7,9 +7,11 @@ import logging
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from tasks.config import ComputeConfig, TargetConfig
+from tasks.config import ComputeConfig, TargetConfig, UserError
 from tasks.storage import atomic_path
 from tasks.target_model.assets import (
     DEMO_MODEL,
@@ -26,7 +28,7 @@ _lock = threading.Lock()
 _tokenizers: dict[str, object] = {}
 
 
-class TargetLoadError(RuntimeError):
+class TargetLoadError(UserError, RuntimeError):
     """The target could not be loaded as configured."""
 
 
@@ -76,6 +78,7 @@ KIMI_FILES = ("tiktoken.model", "tokenization_kimi.py", "tokenizer_config.json",
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 VOCABULARIES = ("tokenizer.json", "tiktoken.model", "tokenizer.model", "vocab.json")
 SET_PATH = "set it with --set target.path=DIR (the weights too for extract, train and evaluate)"
+SET_FILE = "set it with --set target.path=FILE"
 
 
 def expected_files(cfg: TargetConfig) -> tuple[str, ...]:
@@ -127,8 +130,29 @@ def check_target(cfg: TargetConfig) -> None:
         if cfg.path is None:
             raise TargetLoadError(f"target.path is required for target.source={cfg.source!r}")
         spec = str(cfg.path)
-        if not spec.startswith(("pypi:", "pypi-sdist:")) and not Path(spec).is_file():
-            raise TargetLoadError(f"target.path {spec} is not a file (target.source={cfg.source!r}); {SET_PATH}")
+        if not spec.startswith(("pypi:", "pypi-sdist:")):
+            if not Path(spec).is_file():
+                raise TargetLoadError(f"target.path {spec} is not a file (target.source={cfg.source!r}); {SET_FILE}")
+            problem = gguf_problem(Path(spec)) if cfg.source == "gguf" else None
+            if problem:
+                raise TargetLoadError(f"target.path {spec} {problem}; {SET_FILE}")
+    template = cfg.chat_template
+    if template is not None and not template.startswith(("pypi:", "pypi-sdist:")) and not Path(template).is_file():
+        raise TargetLoadError(
+            f"target.chat_template {template} is not a file: it should be a Jinja chat template "
+            "(e.g. the model's chat_template.jinja), or leave it unset to use the tokenizer's own"
+        )
+
+
+def gguf_problem(path: Path) -> str | None:
+    """Why `path` cannot be a GGUF target (None: it can), from its first 16 bytes: magic, version, tensor count."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head[:4] != b"GGUF":
+        return "is not a GGUF file (it does not start with the bytes 'GGUF')"
+    if int.from_bytes(head[8:16], "little") == 0:
+        return "holds no tensors (a vocabulary-only GGUF): target.source 'gguf' needs the model's weights"
+    return None
 
 
 def model_dir(cfg: TargetConfig) -> Path:
@@ -138,7 +162,10 @@ def model_dir(cfg: TargetConfig) -> Path:
             return convert_gguf(gguf_path(cfg))
     if cfg.source == "hf_dir":
         return check_target_dir(cfg)
-    raise TargetLoadError(f"target.source={cfg.source!r} carries a tokenizer only, no model weights")
+    raise TargetLoadError(
+        f"target.source={cfg.source!r} carries a tokenizer only, no model weights: serving the target, extract, train "
+        "and evaluate need target.source gguf, hf_dir (with its weights) or demo"
+    )
 
 
 def has_weights(cfg: TargetConfig) -> bool:
@@ -170,13 +197,22 @@ def memory_bytes(device: str = "auto") -> int:
     return psutil.virtual_memory().total
 
 
-def trust_remote_code(cfg: TargetConfig, directory: Path | None) -> bool:
-    """Remote code only when the config turns it on; say so if the model asks for it and it is off."""
-    if directory is not None and not cfg.trust_remote_code:
-        config = directory / "tokenizer_config.json"
-        if config.exists() and "auto_map" in json.loads(config.read_text(encoding="utf-8")):
-            log.warning("%s asks for trust_remote_code; it stays off unless target.trust_remote_code", directory)
-    return cfg.trust_remote_code
+@contextmanager
+def remote_code(cfg: TargetConfig, directory: Path) -> Iterator[bool]:
+    """Whether a load may run the model directory's own code: only when target.trust_remote_code is on. A load that
+    needed it fails naming that key; one that did without it though the directory asks for it logs a warning."""
+    try:
+        yield cfg.trust_remote_code
+    except ValueError as e:
+        if cfg.trust_remote_code or "trust_remote_code" not in str(e):
+            raise
+        raise TargetLoadError(
+            f"target.path {directory} needs its own Python code to load (the auto_map of its config); "
+            "set target.trust_remote_code: true to run it, if you trust that directory"
+        ) from None
+    config = directory / "tokenizer_config.json"
+    if not cfg.trust_remote_code and config.exists() and "auto_map" in json.loads(config.read_text(encoding="utf-8")):
+        log.warning("%s asks for trust_remote_code; it stays off unless target.trust_remote_code", directory)
 
 
 def _load_tokenizer_json(path: Path):
@@ -208,7 +244,8 @@ def load_tokenizer(cfg: TargetConfig):
         tokenizer = _load_tokenizer_json(path)
     else:
         directory = model_dir(cfg)
-        tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code(cfg, directory))
+        with remote_code(cfg, directory) as trusted:
+            tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trusted)
     if cfg.chat_template is not None:
         tokenizer.chat_template = resolve_path(cfg.chat_template).read_text(encoding="utf-8")
     _tokenizers[key] = tokenizer
@@ -221,11 +258,8 @@ def load_model(cfg: TargetConfig, dtype: str = "float32", device: str = "cpu"):
     from transformers import AutoModelForCausalLM
 
     directory = model_dir(cfg)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(directory),
-        dtype=getattr(torch, dtype),
-        trust_remote_code=trust_remote_code(cfg, directory),
-    )
+    with remote_code(cfg, directory) as trusted:
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=getattr(torch, dtype), trust_remote_code=trusted)
     return model.to(device).eval()
 
 

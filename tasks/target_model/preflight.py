@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from prefect import task
 
-from tasks.config import TargetConfig
+from tasks.config import TargetConfig, UserError
 from tasks.target_model.chat import chat_format_of
 from tasks.target_model.formats import ChatFormat, FormatError
 from tasks.target_model.loader import load_tokenizer
@@ -42,7 +42,7 @@ PROBE_TOOLS = [
 COMMON_MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UserError, RuntimeError):
     """A special token does not resolve or round-trip; the message names the token and the right id."""
 
 
@@ -120,7 +120,8 @@ def resolve_format(tokenizer, cfg: TargetConfig) -> ChatFormat:
     try:
         return chat_format_of(tokenizer, cfg)
     except FormatError as e:
-        raise PreflightError(str(e)) from None
+        where = f"target.path {cfg.path}" if cfg.path is not None else f"target.source {cfg.source}"
+        raise PreflightError(f"{where}: {e}") from None
 
 
 def candidate_markers(tokenizer, cfg: TargetConfig, end_of_turn: str, chat_format: ChatFormat) -> list[str]:

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from tasks.config import TargetConfig
-from tasks.target_model.loader import load_tokenizer, model_dir
+from tasks.target_model.loader import TargetLoadError, load_tokenizer, model_dir
 from tasks.target_model.preflight import run_preflight
 
 EVIL = """
@@ -42,8 +42,8 @@ def test_remote_code_does_not_run_by_default(remote_code_dir):
     assert cfg.trust_remote_code is False
     try:
         load_tokenizer(cfg)
-    except ValueError as e:  # transformers may refuse outright; either way no code ran
-        assert "trust_remote_code" in str(e)
+    except TargetLoadError as e:  # transformers may refuse outright (named as the key to set); either way no code ran
+        assert "target.trust_remote_code" in str(e)
     assert not sentinel.exists()
 
 

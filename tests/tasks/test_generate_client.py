@@ -156,6 +156,25 @@ def test_missing_key_names_the_variable_not_a_value(tmp_path, server, monkeypatc
         run_generate(config)
 
 
+def test_the_key_check_before_a_run_asks_only_when_generate_would_request(tmp_path, server, monkeypatch):
+    from tasks.generate.stage import MissingApiKeyError, check_api_key
+    from tasks.stage_record import save_record
+
+    monkeypatch.delenv("DRAFTSMITH_ABSENT_KEY", raising=False)
+    config = config_for(tmp_path, server, ["x"], api_key_env="DRAFTSMITH_ABSENT_KEY", provider="openrouter")
+    with pytest.raises(MissingApiKeyError, match="export DRAFTSMITH_ABSENT_KEY="):
+        check_api_key(config)
+    save_record(config, "generate", {"rows": 1}, time.time())  # an up-to-date generate stage requests nothing
+    check_api_key(config)
+    with pytest.raises(MissingApiKeyError, match="api_key_secret_block"):
+        check_api_key(config, force=True)
+    config.generate.api = ApiConfig(provider="embedded", api_key_env="DRAFTSMITH_ABSENT_KEY")  # the local server needs none
+    check_api_key(config, force=True)
+    monkeypatch.setenv("DRAFTSMITH_ABSENT_KEY", "k")
+    config.generate.api = ApiConfig(provider="openrouter", api_key_env="DRAFTSMITH_ABSENT_KEY")
+    check_api_key(config, force=True)
+
+
 def test_redact_removes_bearer_values_and_the_key():
     text = redact('{"Authorization": "Bearer abc.def"} key=s3cret', "s3cret")
     assert "abc.def" not in text and "s3cret" not in text
