@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import tasks  # noqa: F401  (offline defaults before Prefect is imported)
-from tasks.config import ConfigError, RunConfig, load_config, require_sources
+from tasks.config import ConfigError, RunConfig, UserError, load_config, require_sources
 
 app = typer.Typer(help="Build EAGLE-3 draft models for a target LLM behind a chat API.", no_args_is_help=True)
 # Tables stay readable when the output is a pipe or a CI log (rich would default to 80 columns).
@@ -28,28 +29,59 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+@contextmanager
+def user_errors(config: Path) -> Iterator[None]:
+    """A `UserError` raised inside (config, files, target, API key) ends the command with its message alone, exit 2."""
+    try:
+        yield
+    except ConfigError as e:
+        fail(f"config error\n{e}")
+    except UserError as e:
+        fail(f"{config}: {e}")
+
+
 def read_config(path: Path, overrides: list[str] | None = None, stages: Sequence[str] = ()) -> RunConfig:
     """Load the YAML config (plus --set overrides) and check what `stages` need before any of them starts: the
-    target's files, and prompt sources for a run that generates. Exits naming the file and key on any problem."""
+    target's files, and for a run that generates, prompt sources that each give a prompt. Exits naming the file and
+    key on any problem."""
     import yaml
 
-    from tasks.target_model.loader import TargetLoadError, check_target
+    from tasks.generate.sources import check_sources
+    from tasks.target_model.loader import check_target
 
     pairs = {}
     for item in overrides or []:
         key, sep, value = item.partition("=")
-        if not sep:
-            fail(f"--set {item!r}: expected KEY=VALUE")
-        pairs[key.strip()] = yaml.safe_load(value)
-    try:
+        if not sep or not all(key.strip().split(".")):
+            fail(f"--set {item!r}: expected KEY=VALUE with a dotted config key, e.g. --set train.max_steps=10")
+        try:
+            pairs[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            fail(f"--set {item!r}: the value is not YAML ({getattr(e, 'problem', None) or e}); quote it to pass a string")
+    with user_errors(path):
         config = load_config(path, pairs)
         if "generate" in stages:
             require_sources(config, str(path))
         if stages:
             check_target(config.target)
-    except (ConfigError, TargetLoadError) as e:
-        fail(f"config error\n{e}" if isinstance(e, ConfigError) else f"{path}: {e}")
+        if "generate" in stages:  # last: it reads each source up to its first prompt
+            check_sources(config.generate.sources, str(path))
     return config
+
+
+def check_before_run(cfg: RunConfig, config: Path, generates: bool, force: bool = False) -> None:
+    """What would stop a run started here at once, checked before any flow: the API key generating needs, the target's
+    chat format and special tokens (its tokenizer is loaded once per process: the flows' preflight reuses it)."""
+    from tasks.generate.stage import check_api_key
+    from tasks.target_model.preflight import run_preflight
+
+    with user_errors(config):
+        if generates:
+            check_api_key(cfg, force)
+        report = run_preflight(cfg.target)
+    if not report.ok:
+        problems = "\n".join(f"  - {p}" for p in report.problems)
+        fail(f"{config}: the target's preflight failed (`draftsmith preflight -c {config}` shows every token):\n{problems}")
 
 
 @app.command("fetch-demo-model")
@@ -83,7 +115,8 @@ def preflight(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
     from tasks.target_model.preflight import render_table, run_preflight
 
     cfg = read_config(config, set_, stages=["preflight"])
-    report = run_preflight(cfg.target)
+    with user_errors(config):
+        report = run_preflight(cfg.target)
     console.print(render_table(report))
     if not report.ok:
         for problem in report.problems:
@@ -129,6 +162,7 @@ def run(
         if name not in STAGE_NAMES:
             fail(f"unknown stage {name!r}; stages: {', '.join(STAGE_NAMES)}")
     cfg = read_config(config, set_, stages=[stage] if stage else STAGE_NAMES)
+    check_before_run(cfg, config, generates=stage in (None, "generate"), force="generate" in force)
     from prefect import tags
 
     with tags(cfg.name, stage or "pipeline"):
@@ -149,6 +183,7 @@ def demo(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
 
     fetch_demo_model()
     cfg = read_config(config, set_, stages=STAGE_NAMES)
+    check_before_run(cfg, config, generates=True)
     with tags(cfg.name, "pipeline"):
         results = eagle3_pipeline(cfg)
     print_outputs(cfg, results)
@@ -190,6 +225,28 @@ def worker(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
     run_worker(cfg.orchestration.work_pool)
 
 
+@app.command()
+def ui(port: int = typer.Option(4200, "--port", help="Port on 127.0.0.1.")) -> None:
+    """Serve the Prefect UI (and API) over the Prefect home every command records into, until Ctrl-C or SIGTERM."""
+    import socket
+
+    from prefect.settings import PREFECT_HOME
+
+    from flows.deploy import serve_ui
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            fail(f"port {port} on 127.0.0.1 is in use (another `draftsmith ui`?): choose another with --port")
+    url = f"http://127.0.0.1:{port}"
+    home = PREFECT_HOME.value()
+    console.print(f"Prefect UI: {url}  (runs, task histories and artifacts recorded in {home})", highlight=False, soft_wrap=True)
+    console.print(f"runs started from other shells record here live with:  export PREFECT_API_URL={url}/api", highlight=False)
+    serve_ui(port)
+
+
 # The files a person opens after a run, by the stage that writes them.
 KEY_OUTPUTS = {
     "validate": ("validation report", "{run}/validation/report.md"),
@@ -223,9 +280,13 @@ def print_outputs(cfg: RunConfig, results: dict) -> None:
     if ui:
         console.print(f"Prefect UI: runs, task histories and artifacts at {ui}/runs", highlight=False)
     else:
+        from prefect.settings import PREFECT_HOME
+
         console.print(
-            "Prefect UI: start `.venv/bin/prefect server start --host 127.0.0.1 --port 4200`, open http://127.0.0.1:4200, "
-            "and run with PREFECT_API_URL=http://127.0.0.1:4200/api to record runs, task histories and artifacts there."
+            f"Prefect UI: `.venv/bin/draftsmith ui`, then http://127.0.0.1:4200 shows this run's task histories, logs "
+            f"and artifacts (recorded in {PREFECT_HOME.value()})",
+            highlight=False,
+            soft_wrap=True,
         )
 
 
@@ -243,12 +304,15 @@ def serve_target(
     set_: list[str] = SetOption,
 ) -> None:
     """Serve the configured target on 127.0.0.1 as an OpenAI-compatible chat endpoint."""
+    from tasks.target_model.loader import check_target
     from tasks.target_model.serve.server import serve
 
     cfg = read_config(config, set_)
     server = cfg.generate.embedded
-    console.print(f"serving {cfg.target.model} on http://127.0.0.1:{port}/v1", highlight=False)
-    serve(cfg, port, threads or server.threads, max_batch or server.max_batch, cfg.compute.dtype)
+    with user_errors(config):
+        check_target(cfg.target)
+        console.print(f"serving {cfg.target.model} on http://127.0.0.1:{port}/v1", highlight=False)
+        serve(cfg, port, threads or server.threads, max_batch or server.max_batch, cfg.compute.dtype)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 (`draftsmith worker`, or `prefect worker start --pool NAME`) runs their flow runs from the project root.
 Stopping a worker pauses nothing: scheduled runs wait (Late) until a worker serves the pool again. Each
 deployment runs one flow run at a time (concurrency limit 1), so a schedule never overlaps a running
-pipeline of the same config; the run directory's lock guards runs started any other way.
+pipeline of the same config; the run directory's lock guards runs started any other way. `serve_ui` is the server
+they all talk to (`draftsmith ui`), over the same Prefect home every command records into.
 """
 
 from __future__ import annotations
@@ -24,11 +25,26 @@ def entrypoint(flow_ref: str) -> str:
 def run_form(deployment):
     """Keep the deployment's parameters to what a run reads: the config and `force` (stages to rerun though up to
     date: a choice in the form, `--param force='["train"]'` on `prefect deployment run`), no deploy-time settings
-    (schedule, time zone, work pool)."""
+    (schedule, time zone, work pool). `force` comes first: the form lists properties by `position`, and the config
+    below it unfolds into every key of every section."""
     schema = deployment._parameter_openapi_schema
     for key in OrchestrationConfig.DEPLOY_ONLY:
         schema.definitions["OrchestrationConfig"]["properties"].pop(key)
+    order = sorted(schema.properties, key=lambda name: name != "force")  # stable: the others keep their order
+    schema.properties = {name: schema.properties[name] for name in order}
+    for position, name in enumerate(order):
+        schema.properties[name]["position"] = position
     return deployment
+
+
+def pipeline_description(config: RunConfig) -> str:
+    """What the pipeline deployment runs and when, naming the schedule's time zone: the UI shows a cron schedule as
+    "At 03:00 AM every day" and names the zone only in a tooltip."""
+    text = f"The whole chain for run {config.name!r}: stages whose config and inputs are unchanged are skipped."
+    cron, zone = config.orchestration.schedule_cron, config.orchestration.schedule_timezone
+    if cron:
+        text += f" Schedule: cron `{cron}` in time zone {zone} (the times shown for it are {zone} times)."
+    return text
 
 
 def build_deployments(config: RunConfig) -> list:
@@ -49,8 +65,7 @@ def build_deployments(config: RunConfig) -> list:
         name=config.name,
         schedules=[schedule] if schedule else None,
         tags=["draftsmith", "pipeline", config.name],
-        description=f"The whole chain for run {config.name!r}"
-        + (f", on schedule {cron!r} ({orchestration.schedule_timezone})" if cron else ""),
+        description=pipeline_description(config),
         **common,
     )
     pipeline.entrypoint = entrypoint("flows.pipeline:eagle3_pipeline")
@@ -102,3 +117,26 @@ def run_worker(pool: str) -> None:
             await worker.start()
 
     anyio.run(work)
+
+
+def serve_ui(port: int) -> None:
+    """Serve the Prefect API and UI on 127.0.0.1:`port` over PREFECT_HOME's database, with the services that start
+    scheduled runs, until Ctrl-C or SIGTERM."""
+    import uvicorn
+    from prefect.server.api.server import create_app
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_API_HOST,
+        PREFECT_SERVER_API_PORT,
+        PREFECT_UI_API_URL,
+        temporary_settings,
+    )
+
+    # The UI asks this server, not whatever PREFECT_API_URL the shell points at (which may name another one).
+    served = {
+        PREFECT_SERVER_API_HOST: "127.0.0.1",
+        PREFECT_SERVER_API_PORT: port,
+        PREFECT_UI_API_URL: f"http://127.0.0.1:{port}/api",
+    }
+    with temporary_settings(served, restore_defaults={PREFECT_API_URL}):
+        uvicorn.run(create_app(final=True), host="127.0.0.1", port=port, log_level="warning")

@@ -10,7 +10,7 @@ from prefect.logging import get_run_logger
 
 from tasks.config import RunConfig
 from tasks.run_lock import holds_run_lock
-from tasks.run_report import UP_TO_DATE, run_artifacts, run_report_markdown
+from tasks.run_report import UP_TO_DATE, run_artifacts, run_report_markdown, summary_line
 from tasks.runners import pipeline_runners
 from tasks.stage_record import current_summary, save_record
 from tasks.stages import BY_NAME, STAGE_NAMES, StageName, run_name, stage_flow
@@ -56,4 +56,5 @@ def eagle3_pipeline(config: RunConfig, force: list[StageName] | None = None) -> 
 
     report = run_report_markdown(config, results, run_artifacts(flow_run.id))
     create_markdown_artifact(key="run-report", markdown=report, description=f"Run {config.name}")
+    get_run_logger().info(summary_line(config, results, flow_run.name))
     return results

@@ -25,6 +25,32 @@ def _figures(summary: dict, limit: int = 3) -> str:
     return ", ".join(shown[:limit]).replace("|", "\\|")
 
 
+def evaluate_figures(config: RunConfig, summary: dict) -> str:
+    """The evaluate row: the trained draft's τ against the untrained draft's on the same prompts, the gain, and the
+    eval gate's verdict. A stage's summary reaches the report only once its gate held: a failed gate fails the run."""
+    tau, untrained, gain = (summary.get(k) for k in ("acceptance_length", "untrained_acceptance_length", "tau_gain"))
+    if tau is None:
+        return _figures(summary)
+    ec = config.evaluate
+    if gain is None:
+        return f"τ {tau:.3f}, untrained not decoded; gate passed (needs mean τ ≥ {ec.min_acceptance_length:g})"
+    return f"τ {tau:.3f} vs untrained {untrained:.3f}: gain {gain:+.3f}; gate passed (needs gain > {ec.min_tau_gain:g})"
+
+
+def summary_line(config: RunConfig, results: dict, run_name: str) -> str:
+    """The pipeline's last log line: the run, the draft's τ against the untrained draft's, and where the export is."""
+    evaluated = results.get("evaluate") or {}
+    tau, untrained, gain = (evaluated.get(k) for k in ("acceptance_length", "untrained_acceptance_length", "tau_gain"))
+    export = (results.get("train") or {}).get("export") or config.run_dir / BY_NAME["train"].out_dir / "export"
+    if tau is None:
+        figures = "not evaluated"
+    elif gain is None:
+        figures = f"τ {tau:.3f} (the untrained draft was not decoded)"
+    else:
+        figures = f"τ {tau:.3f} trained vs {untrained:.3f} untrained (gain {gain:+.3f})"
+    return f"run {run_name} done: {figures}; draft export: {export}"
+
+
 def _label(key: str) -> str:
     """A short link text: `gate-generate` -> gate, `generate-summary` -> summary (the row names the stage)."""
     return "gate" if key.startswith("gate-") else key.split("-", 1)[-1]
@@ -70,5 +96,6 @@ def run_report_markdown(config: RunConfig, results: dict, artifacts: dict[str, s
         where = f"`{BY_NAME[stage].out_dir}/`" if stage in BY_NAME else "-"
         keys = [k for k in STAGE_ARTIFACTS.get(stage, []) if k in artifacts]
         links = ", ".join(f"[{_label(k)}](/artifacts/artifact/{artifacts[k]})" for k in keys) or "-"
-        lines.append(f"| {stage} | {status} | {seconds} | {where} | {_figures(summary)} | {links} |")
+        figures = evaluate_figures(config, summary) if stage == "evaluate" else _figures(summary)
+        lines.append(f"| {stage} | {status} | {seconds} | {where} | {figures} | {links} |")
     return "\n".join(lines)

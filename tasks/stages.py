@@ -118,11 +118,19 @@ def stage_dir(config: RunConfig, name: str) -> Path:
 
 
 def run_name(flow_name: str):
-    """A flow's `flow_run_name`: `<config name>-<flow>-<MMDD-HHMMSS>`, so each run says which config and stage it is."""
+    """A flow's `flow_run_name`: `<config name>-<flow>-<MMDD-HHMMSS>`, so each run says which config and stage it is;
+    a run started from a deployment keeps the name it was given there (the UI's run form, `prefect deployment run
+    --flow-run-name`) unless it is one Prefect made up."""
 
     def name() -> str:
+        from prefect.context import FlowRunContext
         from prefect.runtime import flow_run
 
+        from tasks.run_names import is_generated_name
+
+        current = FlowRunContext.get().flow_run
+        if current.deployment_id is not None and not is_generated_name(current.name):
+            return current.name
         config = flow_run.parameters.get("config")
         config_name = config.get("name") if isinstance(config, dict) else getattr(config, "name", None)
         return f"{config_name or 'run'}-{flow_name}-{time.strftime('%m%d-%H%M%S')}"

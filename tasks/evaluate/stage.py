@@ -164,6 +164,18 @@ def figure(value: float | None, spec: str = ".3f") -> str:
     return "not measured" if value is None else format(value, spec)
 
 
+# What the engine table's ratio measures, by evaluate.engine: τ carries over to a serving engine, this ratio does not.
+SPEED_NOTES = {
+    "transformers": "*speculative / greedy* is the wall-clock tokens/s of speculative decoding over plain greedy "
+    "decoding, both in draftsmith's own un-optimised loop (transformers, one prompt at a time) on the device this run "
+    "used. It is not a serving speed-up, which depends on the engine, batching and hardware: τ is the figure that "
+    "carries over.",
+    "vllm": "*speculative / greedy* is the wall-clock tokens/s of vLLM's speculative decoding over its plain greedy "
+    "decoding, one prompt at a time, on the machine this run used: not a tuned serving set-up's speed-up. τ is the "
+    "figure that carries over.",
+}
+
+
 def tau_table(summary: dict) -> str:
     lines = [
         "# Speculative decoding (greedy chain)",
@@ -188,6 +200,8 @@ def tau_table(summary: dict) -> str:
         "|---|---|---|---|",
         f"| {summary['engine']} | {figure(greedy, '.1f')} | {figure(spec, '.1f')} | "
         f"{figure(spec / greedy if greedy and spec else None, '.2f')}x |",
+        "",
+        SPEED_NOTES[summary["engine"]],
     ]
     return "\n".join(lines)
 

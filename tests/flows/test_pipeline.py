@@ -91,6 +91,12 @@ def test_the_pipeline_run_by_a_worker_records_subflows_tasks_and_artifacts(tiny_
     rows = [line for line in report.splitlines() if line.startswith("| ") and not line.startswith("| stage")]
     assert [row.split(" | ")[:2] for row in rows] == [["| preflight", "ran"]] + [[f"| {s}", "ran"] for s in STAGE_NAMES]
     assert re.search(r"rows=12, failed=0, skipped_prompts=\d+", rows[1]), rows[1]  # prompts refused before any request
+    assert re.search(r"\| τ \d\.\d{3}, untrained not decoded; gate passed \(needs mean τ ≥ 1\) \|", rows[-1]), rows[-1]
+    logs = api(prefect_server, "/logs/filter", {"logs": {"flow_run_id": {"any_": [parent["id"]]}}, "limit": 200})
+    done = (
+        rf"run {parent['name']} done: τ \d\.\d{{3}} \(the untrained draft was not decoded\); draft export: \S+/tiny/draft/export"
+    )
+    assert any(re.fullmatch(done, log["message"]) for log in logs), [log["message"] for log in logs][-5:]
     tree = {parent["id"]} | {r["id"] for r in subflows.values()}
     linked = [
         httpx.get(f"{prefect_server}/artifacts/{i}", timeout=30).json()
@@ -168,11 +174,13 @@ def test_deploy_registers_on_a_process_pool_with_schedule_limit_and_a_run_form(t
     assert run["deployment_id"] == pipeline["id"] and run["work_pool_name"] == "tiny-pool"
     assert names[pipeline["flow_id"]] == "eagle3_pipeline" and pipeline["work_pool_name"] == "tiny-pool"
     assert [(s["schedule"]["cron"], s["schedule"]["timezone"]) for s in pipeline["schedules"]] == [("0 3 * * *", "Europe/Paris")]
+    assert "in time zone Europe/Paris" in pipeline["description"]  # the list shows "At 03:00 AM every day" alone
     assert pipeline["global_concurrency_limit"]["limit"] == 1 and pipeline["enforce_parameter_schema"] is True
     assert {f"tiny-{stage}" for stage in STAGE_FLOWS} <= set(deployments)
     for deployment in [pipeline] + [deployments[f"tiny-{stage}"] for stage in STAGE_FLOWS]:
         form = deployment["parameter_openapi_schema"]
-        assert list(form["properties"]) == ["config", "force"][: len(form["properties"])], deployment["name"]
+        positions = {name: prop["position"] for name, prop in form["properties"].items()}
+        assert sorted(positions, key=positions.get) == ["force", "config"][2 - len(positions) :], deployment["name"]
         orchestration = form["definitions"]["OrchestrationConfig"]["properties"]
         assert {"task_runner", "max_workers"} <= set(orchestration) and not {"schedule_cron", "work_pool"} & set(orchestration)
         assert "schedule_cron" not in deployment["parameters"]["config"]["orchestration"]
@@ -194,15 +202,17 @@ def test_deploy_registers_on_a_process_pool_with_schedule_limit_and_a_run_form(t
     assert delete_run(prefect_server, run_forced["id"]) == 204
 
 
-def test_every_name_the_readme_gives_is_what_the_server_shows(tiny_run, prefect_server):
-    """The README's task runs and artifacts of a pipeline run, read against the worker's run: both ways for
-    artifacts, every README task name for task runs (Prefect adds a short suffix to unnamed ones)."""
+def test_every_name_the_docs_give_is_what_the_server_shows(tiny_run, prefect_server):
+    """The operating page's task runs and artifacts of a pipeline run, read against the worker's run: both ways for
+    artifacts, every task name it gives for task runs (Prefect adds a short suffix to unnamed ones)."""
     _, _, parent = tiny_run
-    readme = (ROOT / "README.md").read_text()
-    tasks_part = readme[readme.index("each with its task runs:") : readme.index("and one gate task per stage")]
-    artifacts_part = readme[readme.index("**Artifacts** holds") : readme.index("linking\nto the artifact pages")]
+    page = (ROOT / "docs" / "operating.md").read_text()
+    tasks_part = page[page.index("each with its task runs:") : page.index("and one gate task per stage")]
+    artifacts_part = page[page.index("**Artifacts** holds") : page.index("## Reading the run report")]
     said_tasks = re.findall(r"`([a-z0-9.-]+)`", tasks_part)
-    said_artifacts = set(re.findall(r"`([a-z-]+)`", artifacts_part))
+    # The artifact table's first column names them; its other columns may quote other words.
+    first_cells = [line.split("|")[1] for line in artifacts_part.splitlines() if line.startswith("| `")]
+    said_artifacts = {name for cell in first_cells for name in re.findall(r"`([a-z-]+)`", cell)}
     subflows, tasks = run_tree(prefect_server, parent)
     shown = {t["name"] for t in tasks}
     for name in said_tasks:

@@ -128,3 +128,28 @@ def test_a_draft_no_better_than_the_untrained_one_fails_the_gate_naming_both(tra
     message = str(failed.value)
     assert "tau_gain" in message and "untrained_tau" in message
     assert message.count(str(round(summary["acceptance_length"], 4))[:5]) >= 2  # trained and untrained τ, side by side
+
+
+def test_the_tau_table_says_what_its_speed_ratio_measures():
+    """The eval-acceptance artifact's speculative/greedy ratio is a wall-clock figure of the loop that measured it."""
+    from tasks.evaluate.stage import tau_table
+
+    summary = {
+        "engine": "transformers",
+        "prompts": 2,
+        "num_draft_tokens": 3,
+        "acceptance_length": 1.2,
+        "untrained_acceptance_length": 1.0,
+        "tau_gain": 0.2,
+        "mean_prompt_acceptance_length": 1.2,
+        "identical": 2,
+        "per_position_acceptance": [0.2, 0.0, 0.0],
+        "untrained_per_position_acceptance": [0.0, 0.0, 0.0],
+        "greedy_tokens_per_s": 20.0,
+        "speculative_tokens_per_s": 13.8,
+    }
+    table = tau_table(summary)
+    assert "| transformers | 20.0 | 13.8 | 0.69x |" in table
+    note = table.rsplit("\n", 1)[-1]
+    assert "wall-clock tokens/s" in note and "draftsmith's own un-optimised loop" in note and "not a serving speed-up" in note
+    assert "vLLM's speculative decoding" in tau_table(summary | {"engine": "vllm"}).rsplit("\n", 1)[-1]
