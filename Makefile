@@ -64,8 +64,8 @@ bench-specforge: assets $(SPECFORGE)/.installed
 reliability: assets
 	$(BIN)/python -m pytest -q -m reliability
 
-# The README's Prefect UI screenshots (docs/ui/), retaken against a running server (PREFECT_API_URL) that holds
-# a finished pipeline run and its deployments; needs Debian's chromium.
+# The docs' Prefect UI screenshots (docs/ui/), retaken against a running server (`draftsmith ui`) that holds a
+# finished pipeline run and its deployments; needs Debian's chromium.
 screenshots: setup
 	$(BIN)/python docs/ui/screenshots.py
 

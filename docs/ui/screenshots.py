@@ -1,4 +1,4 @@
-"""Retake the README's Prefect UI screenshots (headless Chromium, 1600x1000) against a running Prefect server, or
+"""Retake the docs' Prefect UI screenshots (headless Chromium, 1600x1000) against a running Prefect server, or
 shoot any pages given by URL (the docs site's, say).
 
 The server must hold a finished `eagle3_pipeline` run and its deployments (`draftsmith ui`, then `draftsmith run`
