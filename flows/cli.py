@@ -69,19 +69,22 @@ def read_config(path: Path, overrides: list[str] | None = None, stages: Sequence
     return config
 
 
-def check_before_run(cfg: RunConfig, config: Path, generates: bool, force: bool = False) -> None:
-    """What would stop a run started here at once, checked before any flow: the API key generating needs, the target's
-    chat format and special tokens (its tokenizer is loaded once per process: the flows' preflight reuses it)."""
+def check_before_run(cfg: RunConfig, config: Path, stages: Sequence[str], force: bool = False) -> None:
+    """What would stop a run of `stages` started here at once, checked before any flow: the API key generating needs,
+    the target's chat format and special tokens (its tokenizer is loaded once per process: the flows' preflight reuses
+    it), and stages set to run in this process a target only an engine can run."""
     from tasks.generate.stage import check_api_key
+    from tasks.target_model.checkpoint import in_process_problems
     from tasks.target_model.preflight import run_preflight
 
     with user_errors(config):
-        if generates:
+        if "generate" in stages:
             check_api_key(cfg, force)
         report = run_preflight(cfg.target)
-    if not report.ok:
-        problems = "\n".join(f"  - {p}" for p in report.problems)
-        fail(f"{config}: the target's preflight failed (`draftsmith preflight -c {config}` shows every token):\n{problems}")
+    problems = [*report.problems, *in_process_problems(cfg, stages)]
+    if problems:
+        listed = "\n".join(f"  - {p}" for p in problems)
+        fail(f"{config}: the target's preflight failed (`draftsmith preflight -c {config}` shows every token):\n{listed}")
 
 
 @app.command("fetch-demo-model")
@@ -112,15 +115,18 @@ def fetch_assets() -> None:
 @app.command()
 def preflight(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
     """Resolve and round-trip every special token of the target's chat format."""
+    from tasks.stages import STAGE_NAMES
+    from tasks.target_model.checkpoint import in_process_problems
     from tasks.target_model.preflight import render_table, run_preflight
 
     cfg = read_config(config, set_, stages=["preflight"])
     with user_errors(config):
         report = run_preflight(cfg.target)
     console.print(render_table(report))
-    if not report.ok:
-        for problem in report.problems:
-            console.print(f"[red]{problem}[/red]")
+    problems = [*report.problems, *in_process_problems(cfg, STAGE_NAMES)]
+    for problem in problems:
+        console.print(escape(problem), style="red", highlight=False, soft_wrap=True)
+    if problems:
         raise typer.Exit(1)
 
 
@@ -162,7 +168,7 @@ def run(
         if name not in STAGE_NAMES:
             fail(f"unknown stage {name!r}; stages: {', '.join(STAGE_NAMES)}")
     cfg = read_config(config, set_, stages=[stage] if stage else STAGE_NAMES)
-    check_before_run(cfg, config, generates=stage in (None, "generate"), force="generate" in force)
+    check_before_run(cfg, config, [stage] if stage else STAGE_NAMES, force="generate" in force)
     from prefect import tags
 
     with tags(cfg.name, stage or "pipeline"):
@@ -183,7 +189,7 @@ def demo(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
 
     fetch_demo_model()
     cfg = read_config(config, set_, stages=STAGE_NAMES)
-    check_before_run(cfg, config, generates=True)
+    check_before_run(cfg, config, STAGE_NAMES)
     with tags(cfg.name, "pipeline"):
         results = eagle3_pipeline(cfg)
     print_outputs(cfg, results)

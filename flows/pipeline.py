@@ -14,6 +14,7 @@ from tasks.run_report import UP_TO_DATE, run_artifacts, run_report_markdown, sum
 from tasks.runners import pipeline_runners
 from tasks.stage_record import current_summary, save_record
 from tasks.stages import BY_NAME, STAGE_NAMES, StageName, run_name, stage_flow
+from tasks.target_model.checkpoint import require_in_process_runnable
 from tasks.target_model.preflight import preflight_task
 
 
@@ -49,6 +50,7 @@ def eagle3_pipeline(config: RunConfig, force: list[StageName] | None = None) -> 
         force: Stages to rerun even when up to date (a reply already bought is never asked for again).
     """
     results = {"preflight": preflight_task(config.target)}
+    require_in_process_runnable(config, STAGE_NAMES)
     with pipeline_runners(config.orchestration) as runner:
         for stage in STAGE_NAMES:
             results[stage] = run_stage(stage, config, stage in (force or []), runner)

@@ -33,7 +33,8 @@ from tasks.failpoints import failpoint
 from tasks.progress_log import ProgressLog
 from tasks.stages import stage_dir
 from tasks.storage import atomic_path
-from tasks.target_model.loader import model_placement, resolve_dtype, shared_model
+from tasks.target_model.checkpoint import text_weights
+from tasks.target_model.loader import model_dir, model_placement, resolve_dtype, shared_model
 
 
 @dataclass
@@ -47,9 +48,13 @@ class TargetPieces:
 
 
 def load_target_pieces(config: RunConfig, keep_model: bool) -> TargetPieces:
-    """Online, the target runs in the compute dtype (as extract does); the embedding and lm_head are fp32 either way."""
-    placement = model_placement(config.compute) if keep_model else ()
-    return pieces_from_model(shared_model(config.target, *placement), keep_model)
+    """Online, the target runs in the compute dtype (as extract does); offline only its embedding and lm_head are
+    needed, read by name from its checkpoint (a wrapper transformers cannot build, such as Kimi-K2.5, included).
+    The embedding and lm_head are fp32 either way."""
+    if not keep_model:
+        weights = text_weights(model_dir(config.target))
+        return TargetPieces(weights.config, weights.embed, weights.lm_head)
+    return pieces_from_model(shared_model(config.target, *model_placement(config.compute)), keep_model)
 
 
 def pieces_from_model(model, keep_model: bool) -> TargetPieces:
