@@ -35,9 +35,9 @@ def text_config(config: dict) -> dict:
 
 
 def causal_lm_class(config: dict) -> str | None:
-    """The transformers class that runs this checkpoint in-process (None: none does, only an engine can). A wrapper
-    whose own model type transformers does not know is not run through its text body: its weights sit under another
-    prefix and its forward takes images too."""
+    """The transformers causal-LM class that runs this checkpoint in-process (None: AutoModelForCausalLM cannot load
+    it, only an engine can). A vision-language wrapper has none: its text body's weights sit under another prefix and
+    its forward takes images too."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type", ""))
@@ -79,10 +79,8 @@ class TextWeights:
 
 def text_weights(directory: Path) -> TextWeights:
     """The text body's config, embedding and lm_head, read by name from the (nested, sharded) checkpoint."""
-    from transformers import AutoConfig
-
     directory = Path(directory)
-    text = dict(text_config(read_config(directory)))
+    text = text_config(read_config(directory))
     files = tensor_files(directory)
     prefix = next((p for p in TEXT_PREFIXES if p + EMBED in files), None)
     if prefix is None:
@@ -95,8 +93,20 @@ def text_weights(directory: Path) -> TextWeights:
         lm_head = embed
     else:
         raise CheckpointError(f"{directory}: no tensor {prefix + LM_HEAD}, and the config does not tie it to the embedding")
-    model_type = text.pop("model_type")
-    return TextWeights(AutoConfig.for_model(model_type, **text), embed, lm_head, prefix)
+    return TextWeights(body_config(directory), embed, lm_head, prefix)
+
+
+def body_config(directory: Path):
+    """The text body's transformers config: a wrapper's `text_config` as its own config class builds it (Kimi-K2.5's
+    `kimi_k2` body is a DeepseekV3Config), else the checkpoint's config."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(directory))
+    except (ValueError, KeyError):  # a model type only remote code knows: build the body from its own fields
+        text = dict(text_config(read_config(directory)))
+        return AutoConfig.for_model(text.pop("model_type"), **text)
+    return getattr(config, "text_config", None) or config
 
 
 # Settings that run the target in this process, by the stage that reads them: (stage, key, in-process value, the fix).
@@ -123,12 +133,12 @@ def in_process_problems(config, stages) -> list[str]:
     model_config = read_config(Path(target.path))
     if causal_lm_class(model_config) is not None:
         return []
-    kind = f"model_type {model_config.get('model_type')!r}"
+    kind = f"model_type {model_config.get('model_type')!r} has no transformers causal-LM class"
     problems = []
     for stage, key, in_process, fix in IN_PROCESS:
         uses_it = stage != "reconstruct" or "guided" in config.reconstruct.methods
         if stage in stages and uses_it and setting(config, key) == in_process:
-            problems.append(f"{key}: {in_process} cannot run target.path {target.path} ({kind} has no transformers class): {fix}")
+            problems.append(f"{key}: {in_process} cannot run target.path {target.path} ({kind}): {fix}")
     return problems
 
 

@@ -28,7 +28,7 @@ class MiniShape:
 
     vocab_size: int = KIMI_VOCAB
     hidden_size: int = 256
-    num_hidden_layers: int = 4
+    num_hidden_layers: int = 8  # EAGLE-3's default aux layers (2, L//2, L-3) are distinct from 6 on
     num_attention_heads: int = 4
     intermediate_size: int = 512  # the dense first layer's MLP
     moe_intermediate_size: int = 128
@@ -42,9 +42,11 @@ class MiniShape:
 
 
 def text_config(shape: MiniShape) -> dict:
-    """A DeepSeek-V3 body as Kimi-K2.5's `text_config` spells it (vLLM needs the routing fields written out)."""
+    """A DeepSeek-V3 body as Kimi-K2.5's `text_config` spells it (`kimi_k2`, which transformers' Kimi_K25Config
+    builds as a DeepseekV3Config); vLLM needs the routing fields written out, or it has no parameter for
+    `e_score_correction_bias`."""
     return {
-        "model_type": "deepseek_v3",
+        "model_type": "kimi_k2",
         "architectures": ["DeepseekV3ForCausalLM"],
         **asdict(shape),
         "num_key_value_heads": shape.num_attention_heads,
@@ -67,16 +69,100 @@ def text_config(shape: MiniShape) -> dict:
     }
 
 
+# A tiny MoonViT and its patch-merger projector: hidden, layers, heads, MLP, patch, position grid, frames, merge.
+VISION = {"hidden": 64, "layers": 2, "heads": 2, "inter": 128, "patch": 14, "pos": 16, "time": 4, "merge": 2}
+MEDIA_PAD = 163605  # <|media_pad|>: vLLM checks the config's image token against the tokenizer's
+
+
+def vision_config() -> dict:
+    """MoonViT's fields as transformers' Kimi_K25VisionConfig and vLLM's vision tower read them."""
+    v = VISION
+    return {
+        "model_type": "kimi_k25_vision",
+        "patch_size": v["patch"],
+        **{f"{p}pos_emb_{a}": v["pos"] for p in ("", "init_") for a in ("height", "width")},
+        **{f"{p}pos_emb_time": v["time"] for p in ("", "init_")},
+        "hidden_size": v["hidden"],
+        "num_hidden_layers": v["layers"],
+        "num_attention_heads": v["heads"],
+        "intermediate_size": v["inter"],
+        "hidden_act": "gelu_pytorch_tanh",
+        "merge_kernel_size": [v["merge"], v["merge"]],
+        "merge_type": "sd2_tpool",
+        "pos_emb_type": "divided_fixed",
+        "video_attn_type": "spatial_temporal",
+        "mm_projector_type": "patchmerger",
+        "projector_hidden_act": "gelu",
+        "projector_ln_eps": 1e-5,
+    }
+
+
 def wrapper_config(shape: MiniShape) -> dict:
-    """The wrapper's config.json around the text body (no weights of the vision side are needed to read it)."""
+    """The wrapper's config.json around the text body. `tie_word_embeddings` is written out: Kimi_K25Config defaults
+    it to true, and K2.5 has an lm_head of its own."""
     return {
         "model_type": "kimi_k25",
         "architectures": ["KimiK25ForConditionalGeneration"],
         "text_config": text_config(shape),
-        "vision_config": {"model_type": "moonvit", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2},
-        "torch_dtype": "bfloat16",
+        "vision_config": vision_config(),
+        "projection_hidden_size": VISION["hidden"],
+        "projection_layer_norm_eps": 1e-5,
+        "image_token_id": MEDIA_PAD,
+        "media_placeholder_token_id": MEDIA_PAD,
         "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
     }
+
+
+# What vLLM's image processor reads at start-up, even for text: a small patch limit keeps its profiling image inside
+# a 2048-token context.
+MEDIA_PROCESSING = {
+    "in_patch_limit": 1024,
+    "patch_size": VISION["patch"],
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "merge_kernel_size": VISION["merge"],
+    "fixed_output_tokens": None,  # every key is read, the unset ones as None
+    "patch_limit_on_one_side": 64,
+    "in_patch_limit_each_frame": 1024,
+    "in_patch_limit_video": None,
+    "sample_fps": 2.0,
+    "max_num_frames_each_video": None,
+    "temporal_merge_kernel_size": VISION["time"],
+    "timestamp_mode": "hh:mm:ss.fff",
+    "config_type": "kimi_k25",
+}
+
+
+def vision_weights(text_hidden: int, seed: int) -> dict:
+    """MoonViT and its projector, random, bf16, under the real checkpoint's names."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 1)
+    D, inner, P, merged = VISION["hidden"], VISION["inter"], VISION["patch"], VISION["hidden"] * VISION["merge"] ** 2
+
+    def random(*shape):
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+
+    def norm(prefix: str, n: int) -> dict:
+        return {f"{prefix}.weight": torch.ones(n, dtype=torch.bfloat16), f"{prefix}.bias": torch.zeros(n, dtype=torch.bfloat16)}
+
+    def linear(prefix: str, out: int, inp: int) -> dict:
+        return {f"{prefix}.weight": random(out, inp), f"{prefix}.bias": torch.zeros(out, dtype=torch.bfloat16)}
+
+    tower = "vision_tower"
+    tensors = {
+        f"{tower}.patch_embed.proj.weight": random(D, 3, P, P),
+        f"{tower}.patch_embed.proj.bias": torch.zeros(D, dtype=torch.bfloat16),
+        f"{tower}.patch_embed.pos_emb.weight": random(VISION["pos"], VISION["pos"], D),
+    }
+    for i in range(VISION["layers"]):
+        block = f"{tower}.encoder.blocks.{i}"
+        tensors |= norm(f"{block}.norm0", D) | norm(f"{block}.norm1", D)
+        tensors |= linear(f"{block}.wqkv", 3 * D, D) | linear(f"{block}.wo", D, D)
+        tensors |= linear(f"{block}.mlp.fc0", inner, D) | linear(f"{block}.mlp.fc1", D, inner)
+    tensors |= norm(f"{tower}.encoder.final_layernorm", D) | norm("mm_projector.pre_norm", D)
+    return tensors | linear("mm_projector.proj.0", merged, merged) | linear("mm_projector.proj.2", text_hidden, merged)
 
 
 def text_body(shape: MiniShape, seed: int) -> dict:
@@ -85,7 +171,7 @@ def text_body(shape: MiniShape, seed: int) -> dict:
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = dict(text_config(shape))
+    config = dict(text_config(shape), model_type="deepseek_v3")  # the class transformers builds `kimi_k2` with
     config = AutoConfig.for_model(config.pop("model_type"), **config)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -116,8 +202,26 @@ def build_kimi_mini(dest: Path, shape: MiniShape = MiniShape(), seed: int = 0, t
 
     dest.mkdir(parents=True, exist_ok=True)
     tensors = {f"language_model.{name}": t for name, t in text_body(shape, seed).items()}
-    write_shards(dest, tensors)
+    write_shards(dest, tensors | vision_weights(shape.hidden_size, seed))
     (dest / "config.json").write_text(json.dumps(wrapper_config(shape), indent=1), encoding="utf-8")
+    (dest / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": MEDIA_PROCESSING}, indent=1))
     if tokenizer:
         kimi_model_dir(dest)
+        lenient_decode(dest / "tokenization_kimi.py")
     return dest
+
+
+# The stand-in's ranks are cl100k's (ids below 100256) and its specials start at 163584: the ids between have no
+# bytes, and a random model samples them, which fails an engine's decode (a request, or with logprobs the engine).
+# The miniature's copy decodes them as empty text; the real tokenizer has no such gap.
+STRICT_DECODE = "        return self.model.decode([token_ids] if isinstance(token_ids, int) else list(token_ids))\n"
+LENIENT_DECODE = (
+    "        ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)\n"
+    "        return self.model.decode([i for i in ids if i in self.decoder])  # ids without bytes: no text\n"
+)
+
+
+def lenient_decode(path: Path) -> None:
+    source = path.read_text(encoding="utf-8")
+    assert STRICT_DECODE in source, "tokenization_kimi.py changed: revisit lenient_decode"
+    path.write_text(source.replace(STRICT_DECODE, LENIENT_DECODE), encoding="utf-8")

@@ -31,7 +31,8 @@ def mini(tmp_path_factory):
 
 def test_the_text_bodys_embedding_and_lm_head_are_read_by_name_from_the_wrappers_shards(mini):
     files = tensor_files(mini)
-    assert len(set(files.values())) == 2 and all(name.startswith("language_model.") for name in files)
+    assert len(set(files.values())) == 2  # sharded, with an index
+    assert {name.split(".")[0] for name in files} == {"language_model", "vision_tower", "mm_projector"}
     weights = text_weights(mini)
     assert weights.prefix == "language_model."
     assert torch.equal(weights.embed, read_tensor(files, "language_model.model.embed_tokens.weight").float())
@@ -39,10 +40,9 @@ def test_the_text_bodys_embedding_and_lm_head_are_read_by_name_from_the_wrappers
     assert weights.embed.dtype == torch.float32 and not torch.equal(weights.embed, weights.lm_head)
     body = weights.config
     assert type(body).__name__ == "DeepseekV3Config" and (body.kv_lora_rank, body.qk_rope_head_dim) == (512, 64)
-    assert (body.hidden_size, body.vocab_size, body.num_hidden_layers) == (64, 1024, 4)
-    # transformers runs the body, not the wrapper: only an engine runs the checkpoint as it is.
-    assert causal_lm_class(read_config(mini)) is None
-    assert causal_lm_class(text_config(read_config(mini))) == "DeepseekV3ForCausalLM"
+    assert (body.hidden_size, body.vocab_size, body.num_hidden_layers) == (64, 1024, 8)
+    # AutoModelForCausalLM loads neither the wrapper nor its `kimi_k2` body: only an engine runs the checkpoint.
+    assert causal_lm_class(read_config(mini)) is None and causal_lm_class(text_config(read_config(mini))) is None
 
 
 def test_the_demo_targets_pieces_by_name_equal_the_loaded_models(demo_model):
@@ -50,6 +50,7 @@ def test_the_demo_targets_pieces_by_name_equal_the_loaded_models(demo_model):
     from tasks.target_model.loader import model_dir
 
     weights = text_weights(model_dir(TargetConfig()))
+    assert causal_lm_class(read_config(model_dir(TargetConfig()))) == "LlamaForCausalLM"
     assert weights.prefix == "" and weights.config.hidden_size == demo_model.config.hidden_size
     assert torch.equal(weights.embed, demo_model.get_input_embeddings().weight.float())
     assert torch.equal(weights.lm_head, demo_model.get_output_embeddings().weight.float())  # tied: the embedding
@@ -104,7 +105,7 @@ def test_in_process_backends_are_refused_for_a_target_only_an_engine_runs(mini):
     problems = in_process_problems(in_process, STAGE_NAMES)
     keys = ["reconstruct.guided.backend", "extract.backend", "train.mode", "evaluate.engine"]
     assert [p.split(":")[0] for p in problems] == keys
-    assert all("model_type 'kimi_k25' has no transformers class" in p for p in problems)
+    assert all("model_type 'kimi_k25' has no transformers causal-LM class" in p for p in problems)
     assert "set extract.backend: vllm" in problems[1] and "set train.mode: offline" in problems[2]
     assert [p.split(":")[0] for p in in_process_problems(in_process, ["extract"])] == ["extract.backend"]
     without_guided = load_config(KIMI_CONFIG, overrides | {"reconstruct.methods": ["server_ids", "logprobs"]})
