@@ -133,3 +133,34 @@ def test_offline_training_takes_the_targets_pieces_without_building_the_model(mi
     pieces = load_target_pieces(load_config(KIMI_CONFIG, {"target.path": str(mini)}), keep_model=False)
     assert pieces.model is None and type(pieces.config).__name__ == "DeepseekV3Config"
     assert torch.equal(pieces.embed, text_weights(mini).embed) and torch.equal(pieces.lm_head, text_weights(mini).lm_head)
+
+
+def test_sglangs_kimi_k25_loader_takes_every_tensor_of_a_draft_of_the_miniatures_shape(mini, tmp_path):
+    """SGLang 0.5.23's own `load_weights` of `Eagle3DeepseekV2ForCausalLM` (kimi_k25_eagle3.py) over the MLA export of
+    a draft built from the miniature's body (Kimi's latent sizes, a 512-token vocabulary with d2t), exported for the
+    real target's 61 layers: every tensor lands in a parameter, q_a and kv_a in the fused one."""
+    from safetensors.torch import load_file
+
+    from tasks.draft.export import ExportTarget, export_draft
+    from tasks.draft.model import DraftConfig, Eagle3Draft
+    from tasks.draft.vocab import build_draft_vocab
+    from tasks.extract.backend import default_aux_layer_ids
+    from tests.tasks.test_draft_shapes import SGLANG, SGLANG_MLA_PARAMS, Recorder, Skipped, engine_method
+
+    weights = text_weights(mini)
+    shape = {"arch": "mla", "fc_norm": True, "norm_output": True}
+    cfg = DraftConfig.from_target(weights.config, 512, None, shape)
+    vocab = build_draft_vocab(torch.arange(SMALL.vocab_size).flip(0).numpy(), 512)
+    draft = Eagle3Draft(cfg, weights.embed, vocab.d2t, vocab.t2d)
+    kimi = ExportTarget(61, "KimiK25ForConditionalGeneration")
+    out = export_draft(draft.state_dict(), cfg, default_aux_layer_ids(61), kimi, tmp_path / "mla")
+    tensors = load_file(str(out / "model.safetensors"))
+    assert tensors["d2t"].shape == (512,) and tensors["t2d"].shape == (SMALL.vocab_size,)
+    assert tensors["midlayer.self_attn.kv_a_proj_with_mqa.weight"].shape == (512 + 64, 2 * 64)  # latent + rope, of 2H
+    skipped = Skipped()
+    cls = "Eagle3DeepseekV2ForCausalLM"
+    load = engine_method(SGLANG + "kimi_k25_eagle3.py", cls, "load_weights", logger=skipped, default_weight_loader=None)
+    model = Recorder(SGLANG_MLA_PARAMS)
+    load(model, list(tensors.items()))
+    assert skipped == [] and set(model.loaded) == set(SGLANG_MLA_PARAMS), set(SGLANG_MLA_PARAMS) ^ set(model.loaded)
+    assert model.hot_token_id is not None  # d2t read as the hot-token map
