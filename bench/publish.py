@@ -79,9 +79,8 @@ def format_cell(value: Any) -> str:
 def machine() -> dict[str, Any]:
     """This machine: CPU model, cores, memory, the speed-relevant CPU flags, and torch's version."""
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    fields = dict(line.split(":", 1) for line in cpuinfo.splitlines() if ":" in line)
-    flags = set(fields.get("flags\t\t", fields.get("flags", "")).split())
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), "")
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in cpuinfo.splitlines())}
+    flags, model = set(fields.get("flags", "").split()), fields.get("model name", "")
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     try:
         import torch

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 from tasks.config import RunConfig
@@ -22,30 +21,24 @@ from tasks.extract.backend import RowStates
 from tasks.extract.plan import aux_layer_ids, read_target_info
 from tasks.extract.transformers_backend import STORAGE_DTYPE
 from tasks.stages import stage_dir
+from tasks.target_model.checkpoint import FINAL_NORM, TEXT_PREFIXES, read_config, read_tensor, tensor_files, text_config
 from tasks.target_model.loader import model_dir
 from tasks.vllm_server import VllmServer
 
 
 def final_norm(directory: Path, architecture: str) -> tuple[torch.Tensor, float]:
-    """The target's final RMSNorm (weight, eps), read from its checkpoint without loading the model."""
+    """The target's final RMSNorm (weight, eps), read by name from its checkpoint (a wrapper's `language_model.`
+    included) without loading the model."""
     if architecture.startswith("Gemma"):
         raise ValueError(f"extract.backend=vllm: {architecture} scales its final norm by 1 + weight; use transformers")
-    index = directory / "model.safetensors.index.json"
-    files = (
-        sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        if index.exists()
-        else [p.name for p in directory.glob("*.safetensors")]
-    )
-    for name in files:
-        with safe_open(str(directory / name), framework="pt") as f:
-            keys = [k for k in f.keys() if k.endswith("norm.weight") and k.split(".")[-3] in ("model", "language_model")]
-            if len(keys) == 1:
-                config = json.loads((directory / "config.json").read_text())
-                eps = (config.get("text_config") or config).get("rms_norm_eps")
-                if eps is None:
-                    raise ValueError(f"{directory}/config.json has no rms_norm_eps for the final norm")
-                return f.get_tensor(keys[0]).float(), float(eps)
-    raise ValueError(f"extract.backend=vllm: no single final norm weight (…model.norm.weight) in {directory}")
+    files = tensor_files(directory)
+    names = [prefix + FINAL_NORM for prefix in TEXT_PREFIXES if prefix + FINAL_NORM in files]
+    if len(names) != 1:
+        raise ValueError(f"extract.backend=vllm: no single final norm weight (…{FINAL_NORM}) in {directory}")
+    eps = text_config(read_config(directory)).get("rms_norm_eps")
+    if eps is None:
+        raise ValueError(f"{directory}/config.json has no rms_norm_eps for the final norm")
+    return read_tensor(files, names[0]).float(), float(eps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -18,6 +18,7 @@ from tasks.config import UserError
 TEXT_PREFIXES = ("", "language_model.")
 EMBED = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
+FINAL_NORM = "model.norm.weight"
 INDEX = "model.safetensors.index.json"
 
 
