@@ -41,9 +41,7 @@ class Table:
 
     def markdown(self) -> str:
         """The table as Markdown, for the bench's own console output."""
-        lines = ["| " + " | ".join(self.columns) + " |", "|" + "---|" * len(self.columns)]
-        lines += ["| " + " | ".join(format_cell(c) for c in row) + " |" for row in self.rows]
-        return "\n".join([f"**{self.title}**", "", *lines, *([f"\n{self.note}"] if self.note else [])])
+        return markdown_table(asdict(self))
 
 
 @dataclass
@@ -74,6 +72,14 @@ def format_cell(value: Any) -> str:
     if abs(value) >= 10:
         return f"{value:.1f}"
     return f"{value:.3f}" if abs(value) >= 0.01 or value == 0 else f"{value:.3g}"
+
+
+def markdown_table(table: dict[str, Any], cell=format_cell) -> str:
+    """A table (as stored in a results file) as Markdown: its title in bold, `cell` rendering each value and header."""
+    lines = [f"**{cell(table['title'])}**", "", "| " + " | ".join(cell(c) for c in table["columns"]) + " |"]
+    lines.append("|" + "---|" * len(table["columns"]))
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in table["rows"]]
+    return "\n".join(lines + (["", table["note"]] if table.get("note") else []))
 
 
 def machine() -> dict[str, Any]:

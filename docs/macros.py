@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.publish import format_cell, load  # noqa: E402
+from bench.publish import format_cell, load, markdown_table  # noqa: E402
 
 
 def cell(text: str) -> str:
@@ -56,18 +56,10 @@ def provenance(envelope: dict) -> str:
     return "\n".join(lines)
 
 
-def table_markdown(table: dict) -> str:
-    """A results table as Markdown; its text is escaped, so a token string such as `<s>` shows as itself."""
-
-    def text(value) -> str:
-        return html.escape(format_cell(value).replace("\n", " "), quote=False)  # format_cell escapes `|`
-
-    lines = [f"**{text(table['title'])}**", "", "| " + " | ".join(text(c) for c in table["columns"]) + " |"]
-    lines.append("|" + "---|" * len(table["columns"]))
-    lines += ["| " + " | ".join(text(c) for c in row) + " |" for row in table["rows"]]
-    if table.get("note"):
-        lines += ["", table["note"]]
-    return "\n".join(lines)
+def escaped(value) -> str:
+    """A cell as the site shows it: formatted, on one line, and HTML-escaped so a token string such as `<s>` shows as
+    itself (format_cell escapes `|`)."""
+    return html.escape(format_cell(value).replace("\n", " "), quote=False)
 
 
 def plot_svg(plot: dict) -> str:
@@ -89,20 +81,18 @@ def plot_svg(plot: dict) -> str:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg", bbox_inches="tight")
+    with plt.rc_context({"svg.hashsalt": plot["title"]}):  # the same file draws the same SVG, build after build
+        fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     svg = buffer.getvalue()
     return '<div class="results-plot">' + svg[svg.index("<svg") :] + "</div>"
 
 
-def results(bench: str, tables: list[int] | None = None, plots: bool = True) -> str:
-    """One results file as its provenance, its tables (all, or those at the `tables` indices) and its plots."""
+def results(bench: str) -> str:
+    """One results file as its provenance, its tables and its plots."""
     envelope = load(bench)
-    chosen = envelope["tables"] if tables is None else [envelope["tables"][i] for i in tables]
-    parts = [provenance(envelope), *(table_markdown(t) for t in chosen)]
-    if plots:
-        parts += [plot_svg(p) for p in envelope.get("plots") or []]
-    return "\n\n".join(parts)
+    parts = [provenance(envelope), *(markdown_table(t, escaped) for t in envelope["tables"])]
+    return "\n\n".join(parts + [plot_svg(p) for p in envelope.get("plots") or []])
 
 
 def define_env(env) -> None:
