@@ -288,3 +288,10 @@ class ChatClient:
             await lane.aclose()
         self._lanes.clear()
         self._free.clear()
+
+
+def has_reply(record: dict) -> bool:
+    """Content, tool calls, or reasoning text the model generated (a thinking reply cut by max_tokens has only
+    that, and its tokens are the target's as much as any)."""
+    reasoning = record.get("reasoning") if record.get("reasoning_kind") == "text" else None
+    return bool((record.get("content") or "").strip() or record.get("tool_calls") or (reasoning or "").strip())

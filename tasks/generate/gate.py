@@ -7,6 +7,7 @@ from prefect import task
 
 from tasks.config import RunConfig
 from tasks.gates import enforce
+from tasks.generate.client import has_reply
 from tasks.stages import stage_dir
 from tasks.storage import read_table
 
@@ -14,11 +15,12 @@ from tasks.storage import read_table
 def gate_frame(config: RunConfig, error_rate: float) -> pd.DataFrame:
     """Scalar columns only: id, whether the row has a reply, finish_reason, the run's error rate (an empty table
     fails the suite's row count)."""
-    columns = ["id", "content", "tool_calls", "finish_reason"]
-    frame = read_table("generations", stage_dir(config, "generate"), columns=columns).to_pandas()
-    has_reply = frame["content"].fillna("").str.strip().ne("") | frame["tool_calls"].notna()
+    columns = ["id", "content", "tool_calls", "reasoning", "reasoning_kind", "finish_reason"]
+    rows = read_table("generations", stage_dir(config, "generate"), columns=columns).to_pylist()
+    frame = pd.DataFrame(rows, columns=columns)
+    replied = [has_reply(row) for row in rows]
     return pd.DataFrame(
-        {"id": frame["id"], "has_reply": has_reply, "finish_reason": frame["finish_reason"], "error_rate": error_rate}
+        {"id": frame["id"], "has_reply": replied, "finish_reason": frame["finish_reason"], "error_rate": error_rate}
     )
 
 

@@ -14,7 +14,7 @@ from prefect import task
 from tasks.config import ApiConfig, RunConfig, UserError
 from tasks.contracts import quarantine_row, schema
 from tasks.failpoints import failpoint
-from tasks.generate.client import ChatClient, dataset_record
+from tasks.generate.client import ChatClient, dataset_record, has_reply
 from tasks.generate.journal import JournalState, JournalWriter, read_journal
 from tasks.generate.progress import GenerationProgress
 from tasks.generate.runner import RunTally, run_requests
@@ -104,10 +104,6 @@ def output_row(record: dict) -> dict:
     return row
 
 
-def has_reply(record: dict) -> bool:
-    return bool((record.get("content") or "").strip() or record.get("tool_calls"))
-
-
 def write_outputs(
     gen_dir: Path, prompts: list[dict], state: JournalState, prompt_quarantine: list[dict], tally: RunTally | None
 ) -> tuple[list[dict], list[dict], list[dict]]:
@@ -126,7 +122,7 @@ def write_outputs(
                     prompt["id"],
                     prompt["source"],
                     "empty_reply",
-                    f"reply has no content and no tool_calls (finish_reason {record.get('finish_reason')})",
+                    f"reply has no content, tool_calls or reasoning text (finish_reason {record.get('finish_reason')})",
                     "content",
                     "journal",
                 )

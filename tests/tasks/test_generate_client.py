@@ -304,3 +304,15 @@ def test_every_reply_field_reaches_the_generations_table():
     assert (row["latency_s"], row["server_queue_s"], row["server_s"]) == (2.25, 1.5, 0.5)
     assert (row["created"], row["reasoning_kind"], row["template_kwargs"]) == (1796040000, "text", '{"enable_thinking": false}')
     assert reply_record(prompt, {**data, "metrics": None}, 2.25, "openrouter")["server_s"] is None
+
+
+def test_a_thinking_reply_cut_inside_its_reasoning_is_a_reply():
+    """Reasoning text the model generated is a reply even with no content (max_tokens reached before </think>); a
+    summary of the reasoning, or nothing at all, is not."""
+    from tasks.generate.client import has_reply
+
+    cut = {"content": None, "tool_calls": None, "reasoning": "Let me think", "reasoning_kind": "text", "finish_reason": "length"}
+    assert has_reply(cut)
+    assert not has_reply(cut | {"reasoning_kind": "summary"})
+    assert not has_reply(cut | {"reasoning": "  "})
+    assert has_reply({"content": "Hi", "reasoning": None}) and has_reply({"content": "", "tool_calls": "[{}]"})
