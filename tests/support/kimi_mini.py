@@ -7,6 +7,11 @@ small everything-else; a tiny `vision_config`. The weights are random (seeded) u
 (`language_model.model.*`, `language_model.lm_head.*`, `vision_tower.*`, `mm_projector.*`) in two shards with an
 index, as the real repository shards them. The tokenizer is the Kimi stand-in with K2.5's template
 (`tests/support/kimi_target.py`). What it proves is that every stage runs on the shape; its τ says nothing of quality.
+
+One part is not random: the output head (`successor_head`). A random head over 163,840 tokens gives a near-uniform
+distribution whose top logits tie at bf16's resolution, and greedy decoding then depends on how a kernel batched
+the sum: vLLM's own greedy server, asked the same prefix again as a prompt, picks the other of two tokens whose
+log-probabilities are equal. Real targets are confident; the miniature is made so by giving each token a successor.
 """
 
 from __future__ import annotations
@@ -180,6 +185,42 @@ def text_body(shape: MiniShape, seed: int) -> dict:
         return {name: t for f in sorted(Path(tmp).glob("*.safetensors")) for name, t in load_file(f).items()}
 
 
+def text_tokens(vocab_size: int) -> list[int]:
+    """Ids below `vocab_size` whose bytes (the stand-in tokenizer's tiktoken ranks) are printable UTF-8 text: what a
+    reply's text carries, so the miniature's replies survive a text API."""
+    import base64
+
+    from tests.support.kimi_target import CL100K
+    from tasks.target_model.assets import fetch
+
+    ids = []
+    for line in fetch(CL100K).read_text().splitlines():
+        token, rank = line.split()
+        try:
+            text = base64.b64decode(token).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if int(rank) < vocab_size and text.strip() and text.isprintable():
+            ids.append(int(rank))
+    return ids
+
+
+def successor_head(embedding, successors, seed: int):
+    """An lm_head under which token x is followed by successors[x] by a wide margin: the row of token y is the sum of
+    the embeddings of the tokens it follows, so the embedding the residual stream carries scores its successor at
+    about the hidden size's square root and every other token at about one (random embeddings, RMS-normed states).
+    The layers still move the states; they do not move the argmax. Each kept token follows one or two others."""
+    import torch
+
+    vocab, hidden = embedding.shape
+    g = torch.Generator().manual_seed(seed + 2)
+    successors = torch.as_tensor(successors)
+    follows = successors[torch.randperm(vocab, generator=g) % len(successors)]
+    head = torch.zeros(vocab, hidden, dtype=torch.float32)
+    head.index_add_(0, follows, embedding.float() / hidden**0.5)
+    return head.to(embedding.dtype)
+
+
 def write_shards(dest: Path, tensors: dict, shards: int = 2) -> None:
     """`model-0000i-of-0000n.safetensors` files and their index, tensors split by name order."""
     from safetensors.torch import save_file
@@ -200,8 +241,15 @@ def build_kimi_mini(dest: Path, shape: MiniShape = MiniShape(), seed: int = 0, t
     """Write the miniature into `dest` (config, sharded weights under the wrapper's prefixes, and the tokenizer)."""
     from tests.support.kimi_target import kimi_model_dir
 
+    import torch
+
     dest.mkdir(parents=True, exist_ok=True)
-    tensors = {f"language_model.{name}": t for name, t in text_body(shape, seed).items()}
+    body = text_body(shape, seed)
+    g = torch.Generator().manual_seed(seed + 3)
+    embedding = torch.randn(shape.vocab_size, shape.hidden_size, generator=g).to(torch.bfloat16)
+    body["model.embed_tokens.weight"] = embedding
+    body["lm_head.weight"] = successor_head(embedding, text_tokens(shape.vocab_size), seed)
+    tensors = {f"language_model.{name}": t for name, t in body.items()}
     write_shards(dest, tensors | vision_weights(shape.hidden_size, seed))
     (dest / "config.json").write_text(json.dumps(wrapper_config(shape), indent=1), encoding="utf-8")
     (dest / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": MEDIA_PROCESSING}, indent=1))
