@@ -62,6 +62,11 @@ def static_body(api: ApiConfig, request: RequestConfig, model: str) -> dict:
             body["reasoning"] = request.reasoning
         if request.provider_routing is not None:
             body["provider"] = request.provider_routing
+    if api.provider in ("vllm", "sglang"):
+        # Their detokenizers otherwise join a tokenizer's added tokens with spaces, so text after one (a reply's
+        # first token after Kimi's <think>, the content after </think>) gains a space its ids do not hold
+        # (vllm-project/vllm#33457).
+        body["spaces_between_special_tokens"] = False
     if api.provider in TOKEN_OPTIONS:
         if request.return_token_ids:
             body["return_token_ids"] = True

@@ -213,6 +213,8 @@ def test_provider_options_are_passed_where_the_server_reads_them():
     served = static_body(ApiConfig(provider="vllm"), request, "m")
     assert served["return_token_ids"] and served["chat_template_kwargs"] == {"enable_thinking": True}
     assert served["logprobs"] and served["top_logprobs"] == 2 and "provider" not in served
+    # Engines that would space the text around added tokens are asked not to; OpenRouter is not sent the field.
+    assert served["spaces_between_special_tokens"] is False and "spaces_between_special_tokens" not in routed
     client = ChatClient(ApiConfig(provider="vllm"), request, "m", None, "http://127.0.0.1:1/v1")
     prompt = {"id": "s:1", "messages": '[{"role": "user", "content": "hi"}]', "tools": "[]"}
     body = json.loads(client.body(prompt))
@@ -316,3 +318,11 @@ def test_a_thinking_reply_cut_inside_its_reasoning_is_a_reply():
     assert not has_reply(cut | {"reasoning_kind": "summary"})
     assert not has_reply(cut | {"reasoning": "  "})
     assert has_reply({"content": "Hi", "reasoning": None}) and has_reply({"content": "", "tool_calls": "[{}]"})
+
+
+def test_a_vllm_server_started_for_the_run_is_spoken_to_as_vllm():
+    from pydantic import ValidationError
+
+    assert ApiConfig(base_url="vllm", provider="vllm", api_key_env=None).base_url == "vllm"
+    with pytest.raises(ValidationError, match="base_url vllm starts a vLLM server: provider must be vllm, not openrouter"):
+        ApiConfig(base_url="vllm")
