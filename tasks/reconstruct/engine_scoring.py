@@ -157,13 +157,13 @@ def stop_engines() -> None:
 
 
 def guided_search(config: RunConfig, tokenizer, log_dir: Path):
-    """The configured backend's search: spans -> re-split results (the target in this process, or the engine)."""
+    """The configured backend's search: spans -> re-split results (the target in this process, or the engine, started
+    when the first spans come: a run whose rows all carry the server's ids loads no engine)."""
     from tasks.reconstruct.guided import guide
     from tasks.target_model.loader import model_placement, shared_model
 
     cfg = config.reconstruct.guided
     if cfg.backend == "vllm":
-        scorer = shared_engine(config, log_dir)
-        return lambda spans: guide_with_engine(scorer, tokenizer, spans, cfg)
+        return lambda spans: guide_with_engine(shared_engine(config, log_dir), tokenizer, spans, cfg) if spans else []
     model = shared_model(config.target, *model_placement(config.compute))
     return lambda spans: guide(model, tokenizer, spans, cfg)
