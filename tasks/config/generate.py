@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tasks.config.base import StrictModel
 
@@ -63,7 +63,8 @@ class ApiConfig(StrictModel):
     """The OpenAI-compatible chat-completions endpoint."""
 
     base_url: str = "https://openrouter.ai/api/v1"
-    """OpenRouter, a vLLM/SGLang server, or the embedded server ("embedded" starts it for the run)."""
+    """OpenRouter, a vLLM/SGLang server, or a server started for the run on the target: "embedded" (draftsmith's
+    own) or "vllm" (vLLM with the `vllm` section's arguments; set provider: vllm)."""
     provider: Literal["openrouter", "vllm", "sglang", "openai", "embedded"] = "openrouter"
     """Flavour of the server: decides which extra options are sent and which reply fields are read."""
     api_key_env: str | None = "OPENROUTER_API_KEY"
@@ -80,6 +81,12 @@ class ApiConfig(StrictModel):
     """First backoff in seconds; doubles each retry, with full jitter."""
     backoff_max_s: float = Field(60.0, gt=0)
     """Cap on one backoff, including a server's Retry-After."""
+
+    @model_validator(mode="after")
+    def _started_vllm_is_vllm(self) -> ApiConfig:
+        if self.base_url == "vllm" and self.provider != "vllm":
+            raise ValueError(f"base_url vllm starts a vLLM server: provider must be vllm, not {self.provider}")
+        return self
 
 
 class EmbeddedServerConfig(StrictModel):

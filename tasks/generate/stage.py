@@ -85,10 +85,17 @@ def check_api_key(config: RunConfig, force: bool = False) -> None:
 
 @contextmanager
 def endpoint(config: RunConfig, workdir: Path) -> Iterator[str]:
-    """The configured base URL, or a freshly started embedded server's."""
+    """The configured base URL, or that of a server started for the run: the embedded one, or vLLM on the target with
+    the `vllm` section's arguments (`base_url: vllm`)."""
     if config.generate.api.provider == "embedded" or config.generate.api.base_url == "embedded":
         with embedded_server(config, workdir) as base_url:
             yield base_url
+    elif config.generate.api.base_url == "vllm":
+        from tasks.vllm_server import VllmServer
+
+        longest = config.target.max_length + config.generate.request.max_tokens
+        with VllmServer(config, workdir / "vllm.log", [], longest) as server:
+            yield f"{server.url}/v1"
     else:
         yield config.generate.api.base_url
 
