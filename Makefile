@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 # torch, transformers and prefect from source again).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup assets demo test test-fast test-vllm reliability lint docs docs-serve bench bench-specforge screenshots clean
+.PHONY: setup assets demo kimi-mini test test-fast test-vllm reliability lint docs docs-serve bench bench-specforge screenshots clean
 
 setup: $(VENV)/.installed
 
@@ -50,6 +50,15 @@ $(VLLM_VENV)/.installed:
 # The vLLM integration suite (large; not part of `make test`).
 test-vllm: assets $(VLLM_VENV)/.installed
 	DRAFTSMITH_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -s tests/vllm
+
+# Kimi-K2.5 in miniature (its checkpoint's layout, random weights; tests/support/kimi_mini.py), built once, then
+# every stage on it through vLLM (configs/kimi-k2.5-mini.yaml).
+KIMI_MINI := .cache/kimi-k2.5-mini
+$(KIMI_MINI)/config.json: tests/support/kimi_mini.py | setup
+	$(BIN)/python -m tests.support.kimi_mini $(KIMI_MINI)
+
+kimi-mini: assets $(VLLM_VENV)/.installed $(KIMI_MINI)/config.json
+	DRAFTSMITH_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/draftsmith run --config configs/kimi-k2.5-mini.yaml $(ARGS)
 
 # SpecForge 0.2.0's EAGLE-3 training code beside draftsmith's (bench/specforge.py). Installed without its
 # dependencies into a folder of its own: the project venv's torch and transformers serve the pieces used.

@@ -190,8 +190,8 @@ def text_tokens(vocab_size: int) -> list[int]:
     reply's text carries, so the miniature's replies survive a text API."""
     import base64
 
-    from tests.support.kimi_target import CL100K
     from tasks.target_model.assets import fetch
+    from tests.support.kimi_target import CL100K
 
     ids = []
     for line in fetch(CL100K).read_text().splitlines():
@@ -205,11 +205,19 @@ def text_tokens(vocab_size: int) -> list[int]:
     return ids
 
 
+# The logit of a token's successor; every other token scores about N(0, (it / 16)²). Greedy's margin is about 9 and
+# sampling at temperature 1 leaves the successor about one token in five, so sampled replies differ.
+SUCCESSOR_LOGIT = 13.5
+UNREACHABLE_LOGIT = 40.0
+
+
 def successor_head(embedding, successors, seed: int):
-    """An lm_head under which token x is followed by successors[x] by a wide margin: the row of token y is the sum of
-    the embeddings of the tokens it follows, so the embedding the residual stream carries scores its successor at
-    about the hidden size's square root and every other token at about one (random embeddings, RMS-normed states).
-    The layers still move the states; they do not move the argmax. Each kept token follows one or two others."""
+    """An lm_head under which token x is followed by a fixed text token by a wide margin: the row of token y is the
+    sum of the embeddings of the tokens it follows, so the embedding the residual stream carries (random, unit
+    variance, RMS-normed) scores its successor at SUCCESSOR_LOGIT. The layers still move the states; they do not
+    move the argmax. Each text token follows one or two others. The embedding's last feature is 1 for every token:
+    the head reads it only for the tokens no one is followed by (special tokens, ids without bytes), at
+    -UNREACHABLE_LOGIT, so sampling never lands on them."""
     import torch
 
     vocab, hidden = embedding.shape
@@ -217,7 +225,11 @@ def successor_head(embedding, successors, seed: int):
     successors = torch.as_tensor(successors)
     follows = successors[torch.randperm(vocab, generator=g) % len(successors)]
     head = torch.zeros(vocab, hidden, dtype=torch.float32)
-    head.index_add_(0, follows, embedding.float() / hidden**0.5)
+    head.index_add_(0, follows, embedding.float() * SUCCESSOR_LOGIT / hidden)
+    head[:, -1] = 0.0
+    unfollowed = torch.ones(vocab, dtype=torch.bool)
+    unfollowed[follows] = False
+    head[unfollowed, -1] = -UNREACHABLE_LOGIT
     return head.to(embedding.dtype)
 
 
@@ -239,14 +251,16 @@ def write_shards(dest: Path, tensors: dict, shards: int = 2) -> None:
 
 def build_kimi_mini(dest: Path, shape: MiniShape = MiniShape(), seed: int = 0, tokenizer: bool = True) -> Path:
     """Write the miniature into `dest` (config, sharded weights under the wrapper's prefixes, and the tokenizer)."""
-    from tests.support.kimi_target import kimi_model_dir
-
     import torch
+
+    from tests.support.kimi_target import kimi_model_dir
 
     dest.mkdir(parents=True, exist_ok=True)
     body = text_body(shape, seed)
     g = torch.Generator().manual_seed(seed + 3)
-    embedding = torch.randn(shape.vocab_size, shape.hidden_size, generator=g).to(torch.bfloat16)
+    embedding = torch.randn(shape.vocab_size, shape.hidden_size, generator=g)
+    embedding[:, -1] = 1.0  # read by the head only for the tokens nothing precedes (successor_head)
+    embedding = embedding.to(torch.bfloat16)
     body["model.embed_tokens.weight"] = embedding
     body["lm_head.weight"] = successor_head(embedding, text_tokens(shape.vocab_size), seed)
     tensors = {f"language_model.{name}": t for name, t in body.items()}
@@ -257,6 +271,29 @@ def build_kimi_mini(dest: Path, shape: MiniShape = MiniShape(), seed: int = 0, t
         kimi_model_dir(dest)
         lenient_decode(dest / "tokenization_kimi.py")
     return dest
+
+
+def text_body_model(mini: Path, dtype="float32"):
+    """The miniature's text body as transformers' DeepseekV3ForCausalLM, from the wrapper's shards with the prefix
+    taken off: the reference for draftsmith's own decoding loop, which has no class for the wrapper itself."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((mini / "config.json").read_text())["text_config"] | {"model_type": "deepseek_v3"}
+    prefix = "language_model."
+    tensors = {
+        name[len(prefix) :]: t
+        for f in sorted(mini.glob("*.safetensors"))
+        for name, t in load_file(f).items()
+        if name.startswith(prefix)
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        from safetensors.torch import save_file
+
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        save_file(tensors, Path(tmp) / "model.safetensors", metadata={"format": "pt"})
+        return AutoModelForCausalLM.from_pretrained(tmp, dtype=getattr(torch, dtype)).eval()
 
 
 # The stand-in's ranks are cl100k's (ids below 100256) and its specials start at 163584: the ids between have no
@@ -273,3 +310,9 @@ def lenient_decode(path: Path) -> None:
     source = path.read_text(encoding="utf-8")
     assert STRICT_DECODE in source, "tokenization_kimi.py changed: revisit lenient_decode"
     path.write_text(source.replace(STRICT_DECODE, LENIENT_DECODE), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(build_kimi_mini(Path(sys.argv[1])))
