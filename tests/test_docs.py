@@ -93,8 +93,8 @@ def test_every_results_file_says_what_ran_where_and_when():
             assert all(len(row) == len(table["columns"]) for row in table["rows"]), (path, table["title"])
 
 
-def test_every_results_file_is_rendered_by_a_results_page():
-    pages = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "docs" / "results").glob("*.md"))
+def test_every_results_file_is_rendered_by_a_docs_page():
+    pages = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "docs").rglob("*.md"))
     called = set(re.findall(r"""results\(\s*["']([\w.-]+)["']""", pages))
     assert {p.stem for p in results_files()} <= called, "a results file no page renders"
     assert called <= {p.stem for p in results_files()}, "a page renders a results file that does not exist"

@@ -4,14 +4,24 @@ parsers, and the ids it reports are the ones draftsmith renders and counts.
 Run by `make test-vllm` (DRAFTSMITH_VLLM_PYTHON names the vLLM environment).
 """
 
+import json
 import os
+import shutil
 
 import httpx
+import pandas as pd
 import pytest
+import torch
 
 from tasks.config import RunConfig
+from tasks.config.train import DraftShape
+from tasks.evaluate.vllm_engine import speculative_options
+from tasks.extract.shards import read_shard
+from tasks.prefect_env import PROJECT_ROOT
+from tasks.storage import read_table
 from tasks.vllm_server import VllmServer
-from tests.support.kimi_mini import build_kimi_mini
+from tests.support.kimi_mini import build_kimi_mini, text_body_model
+from tests.vllm.test_vllm import FIGURES
 
 VLLM_PYTHON = os.environ.get("DRAFTSMITH_VLLM_PYTHON", "")
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="needs DRAFTSMITH_VLLM_PYTHON (make test-vllm)")
@@ -64,61 +74,93 @@ def test_the_kimi_miniature_serves_through_its_wrapper_with_the_ids_draftsmith_r
     assert reply["usage"]["completion_tokens"] == len(choice["token_ids"]) == 16  # the provider's count is the ids'
 
 
-def test_extract_through_vllm_gives_the_text_bodys_states_at_the_default_layers(mini, tmp_path, prefect_harness):
-    """vLLM's extract_hidden_states on the wrapper: the body's width, EAGLE-3's default layers of its depth, finite
-    bf16 states for every token, and the final norm read by name from the wrapper's shards."""
-    import json
+@pytest.fixture(scope="module")
+def kimi_run(mini, tmp_path_factory, prefect_harness):
+    """configs/kimi-k2.5-mini.yaml run whole, as `make kimi-mini` runs it: replies from vLLM serving the miniature
+    with Kimi's parsers, then every stage through vLLM (guided's likelihoods, extract, evaluate) and the MLA draft."""
+    from flows.pipeline import eagle3_pipeline
+    from tasks.config.loading import load_config
 
-    import torch
+    runs = tmp_path_factory.mktemp("kimi-runs")
+    overrides = {"runs_dir": str(runs), "target.path": str(mini), "vllm.python": VLLM_PYTHON}
+    config = load_config(PROJECT_ROOT / "configs" / "kimi-k2.5-mini.yaml", overrides)
+    return config, eagle3_pipeline(config)
 
-    from flows.extract import extract_flow
-    from tasks.extract.shards import read_shard
-    from tasks.target_model.loader import load_tokenizer
-    from tests.tasks.extract_inputs import write_merged
 
-    config = mini_config(mini, tmp_path, extract={"backend": "vllm", "shard_tokens": 400})
-    rows = write_merged(config.run_dir, load_tokenizer(config.target), train=6, eval_=2)
-    summary = extract_flow(config)
-    meta = json.loads((config.run_dir / "hidden_states" / "meta.json").read_text())
+def test_the_servers_ids_are_rebuilt_and_counted_and_guided_loses_no_exact_row(kimi_run):
+    """Thinking replies (BFCL prompts with tools among them) from vLLM with Kimi's parsers: every row's rebuilt ids
+    are the server's, the server's counts agree with them, and the same rows played as text and re-split by guided
+    on vLLM's likelihoods lose no exact row."""
+    config, _ = kimi_run
+    generations = read_table("generations", config.run_dir / "generations").to_pandas()
+    assert generations["tools"].notna().any() and (generations["reasoning_kind"] == "text").all()
+    rates = pd.read_parquet(config.run_dir / "validation" / "rates.parquet")
+    check = rates[rates["mode"] == "check"]
+    assert int(check["rows"].sum()) == len(generations) and int(check["exact"].sum()) == len(generations)
+    assert (check["count_agreement"] == 1.0).all()
+    classes = read_table("validation", config.run_dir / "validation").to_pandas()
+    classes = classes.pivot_table(index="id", columns="mode", values="klass", aggfunc="first")
+    lost = int(((classes["simulate"] == "exact") & (classes["simulate-guided"] != "exact")).sum())
+    assert lost == 0 and (classes["simulate-guided"] != "semantic").all()
+
+
+def test_extract_through_vllm_gives_the_bodys_states_at_the_layers_the_export_names(kimi_run):
+    """vLLM's extract_hidden_states on the wrapper: the body's width, EAGLE-3's default layers of its depth (the ones
+    the export writes), finite bf16 states for every token of every merged row."""
+    config, results = kimi_run
+    store = config.run_dir / "hidden_states"
+    meta = json.loads((store / "meta.json").read_text())
+    exported = json.loads((config.run_dir / "draft" / "export" / "config.json").read_text())
     assert meta["backend"] == "vllm" and meta["hidden_size"] == 256 and meta["aux_layer_ids"] == [2, 4, 5]
-    assert summary["tokens"] == sum(r["num_tokens"] for r in rows)
-    for shard in sorted((config.run_dir / "hidden_states").glob("shard-*.safetensors")):
+    assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == meta["aux_layer_ids"]
+    for shard in sorted(store.glob("shard-*.safetensors")):
         aux, final = read_shard(shard)[:2]
         assert aux.shape[1] == 3 * 256 and final.shape[1] == 256 and aux.dtype == torch.bfloat16
         assert bool(torch.isfinite(aux.float()).all() and torch.isfinite(final.float()).all())
 
 
-def test_an_mla_draft_trains_on_the_miniatures_states_and_loads_beside_it_in_vllm(mini, tmp_path, prefect_harness):
-    """The chain past extract on Kimi's shape: the draft trains offline on vLLM's states with the embedding and lm_head
-    read by name from the wrapper's shards, exports as Eagle3DeepseekV2ForCausalLM, and vLLM loads it unedited beside
-    the MLA target and drafts with it."""
-    import json
+def test_the_mla_draft_served_by_vllm_beside_the_target_agrees_with_draftsmiths_loop(mini, kimi_run, tmp_path):
+    """The MLA draft (EAGLE-3.1, a 4096-token vocabulary with d2t) loads in vLLM unedited beside the MLA target:
+    every output is greedy's, the trained draft beats the untrained one, and τ is draftsmith's own loop's (run on the
+    text body in transformers, the same weights) within 0.05."""
+    from tasks.evaluate.stage import evaluate_draft
 
-    import httpx
+    config, results = kimi_run
+    exported = json.loads((config.run_dir / "draft" / "export" / "config.json").read_text())
+    assert exported["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and exported["draft_vocab_size"] == 4096
+    served = json.loads((config.run_dir / "eval" / "results.json").read_text())["summary"]
+    assert served["engine"] == "vllm" and served["identical"] == served["prompts"]
+    assert served["tau_gain"] >= config.evaluate.min_tau_gain
+    local = config.model_copy(update={"evaluate": config.evaluate.model_copy(update={"engine": "transformers"})})
+    own = evaluate_draft(local, target=text_body_model(mini), out=tmp_path / "eval")
+    assert own["identical"] == own["prompts"] == served["prompts"]
+    FIGURES["Kimi miniature: τ vLLM / draftsmith's loop (untrained)"] = (
+        f"{served['acceptance_length']:.3f} / {own['acceptance_length']:.3f} "
+        f"({served['untrained_acceptance_length']:.3f} / {own['untrained_acceptance_length']:.3f})"
+    )
+    assert abs(served["acceptance_length"] - own["acceptance_length"]) <= 0.05
 
-    from flows.extract import extract_flow
+
+def test_a_llama_style_draft_trains_on_the_same_states_and_exports_for_kimis_loaders(kimi_run, tmp_path):
+    """The Llama-style draft (the other published Kimi-K2.5 shape) on the same extract: it trains and exports with
+    d2t/t2d and the body's layer ids. vLLM's CPU build cannot serve it beside the MLA target: its MLA kernel takes
+    only 16-token KV blocks and its attention kernel multiples of 32, and one cache needs one block size."""
     from flows.train import train_flow
-    from tasks.evaluate.vllm_engine import speculative_options
-    from tasks.target_model.loader import load_tokenizer
-    from tasks.vllm_server import counter
-    from tests.tasks.extract_inputs import write_merged
 
-    shape = {"arch": "mla", "fc_norm": True, "norm_output": True}
-    # The full vocabulary: a random target's next token is any of 163,840, and a position whose token is outside the
-    # draft's vocabulary trains nothing (a smaller vocabulary's d2t export is checked in tests/tasks). Enough steps for
-    # the gate's first and last windows of ten; the demo's learning rate.
-    train = {"draft": shape, "draft_vocab_size": 163_840, "ttt_steps": 2, "max_steps": 24, "warmup_steps": 3, "lr": 1e-3}
-    train |= {"batch_tokens": 256, "checkpoint_every": 24, "min_acc_0_rise": None}
-    config = mini_config(mini, tmp_path, extract={"backend": "vllm"}, train=train)
-    write_merged(config.run_dir, load_tokenizer(config.target), train=8, eval_=2)
-    extract_flow(config)
-    trained = train_flow(config)
-    export = config.run_dir / "draft" / "export"
+    config, _ = kimi_run
+    llama = config.model_copy(update={"name": "kimi-llama", "train": config.train.model_copy(update={"draft": DraftShape()})})
+    for stage in ("merged", "hidden_states"):
+        shutil.copytree(config.run_dir / stage, llama.run_dir / stage)
+    trained = train_flow(llama)
+    export = llama.run_dir / "draft" / "export"
     exported = json.loads((export / "config.json").read_text())
-    assert exported["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and exported["kv_lora_rank"] == 512
-    assert exported["draft_vocab_size"] == exported["vocab_size"] == 163_840 and trained["steps"] == 24
-    request = {"model": "kimi-mini", "messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 16}
-    with VllmServer(config, tmp_path / "draft.log", speculative_options(export, 2), 2048) as server:
-        httpx.post(f"{server.url}/v1/chat/completions", json=request | {"temperature": 0}, timeout=300).raise_for_status()
-        drafts = counter(httpx.get(f"{server.url}/metrics").text, "vllm:spec_decode_num_drafts_total")
-    assert drafts > 0 and "Eagle3DeepseekV2ForCausalLM" in (tmp_path / "draft.log").read_text()
+    assert exported["architectures"] == ["LlamaForCausalLMEagle3"] and trained["steps"] == config.train.max_steps
+    assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5] and exported["draft_vocab_size"] == 4096
+    with pytest.raises(RuntimeError, match="No common block size"):
+        with VllmServer(llama, tmp_path / "llama.log", speculative_options(export, 2), 4096):
+            pass
+    # Refused only after resolving the export's architecture and loading every tensor with vLLM's own loader.
+    log = (tmp_path / "llama.log").read_text()
+    drafter = log[log.index("Loading drafter model") :]
+    assert "Resolved architecture: Eagle3LlamaForCausalLM" in log
+    assert drafter.index("Loading weights took") < drafter.index("No common block size")
