@@ -6,8 +6,8 @@ then draftsmith's own decoding loop on the same held-out prompts for the τ vLLM
 Builds the miniature (tests/support/kimi_mini.py: the real checkpoint's layout, random weights) into a temporary
 folder, runs the pipeline there (replies from vLLM serving it with Kimi's parsers and thinking on; guided, extract
 and evaluate on vLLM), and reads each stage's outputs: what was checked and what it came to. draftsmith's loop runs on
-the miniature's text body in transformers (the same weights; transformers has no class for the wrapper). The tables
-land in bench/results/kimi-mini.json.
+the miniature's text body in transformers (the same weights, in bf16 as vLLM serves them; transformers has no class
+for the wrapper). The tables land in bench/results/kimi-mini.json.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def main() -> None:
         measured["pipeline"] = round(time.perf_counter() - started)
         measured["tokens"] = results["extract"]["tokens"]
         local = config.model_copy(update={"evaluate": config.evaluate.model_copy(update={"engine": "transformers"})})
-        own = evaluate_draft(local, target=text_body_model(mini), out=Path(tmp) / "eval-transformers")
+        own = evaluate_draft(local, target=text_body_model(mini, "bfloat16"), out=Path(tmp) / "eval-transformers")
         table = checks(config, measured, own)
     save("kimi-mini", [table], raw={"measured": measured, "draftsmith_loop": own})
 

@@ -206,7 +206,7 @@ def text_tokens(vocab_size: int) -> list[int]:
 
 
 # The logit of a token's successor; every other token scores about N(0, (it / 16)²). Greedy's margin is about 9 and
-# sampling at temperature 1 leaves the successor about one token in five, so sampled replies differ.
+# sampling at temperature 1 leaves the successor about one token in four, so sampled replies differ.
 SUCCESSOR_LOGIT = 13.5
 UNREACHABLE_LOGIT = 40.0
 
@@ -277,7 +277,7 @@ def text_body_model(mini: Path, dtype="float32"):
     """The miniature's text body as transformers' DeepseekV3ForCausalLM, from the wrapper's shards with the prefix
     taken off: the reference for draftsmith's own decoding loop, which has no class for the wrapper itself."""
     import torch
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
     config = json.loads((mini / "config.json").read_text())["text_config"] | {"model_type": "deepseek_v3"}
@@ -289,15 +289,13 @@ def text_body_model(mini: Path, dtype="float32"):
         if name.startswith(prefix)
     }
     with tempfile.TemporaryDirectory() as tmp:
-        from safetensors.torch import save_file
-
         (Path(tmp) / "config.json").write_text(json.dumps(config))
         save_file(tensors, Path(tmp) / "model.safetensors", metadata={"format": "pt"})
         return AutoModelForCausalLM.from_pretrained(tmp, dtype=getattr(torch, dtype)).eval()
 
 
 # The stand-in's ranks are cl100k's (ids below 100256) and its specials start at 163584: the ids between have no
-# bytes, and a random model samples them, which fails an engine's decode (a request, or with logprobs the engine).
+# bytes, and an engine decodes any id it scores (a logprob's alternatives), which would fail on them.
 # The miniature's copy decodes them as empty text; the real tokenizer has no such gap.
 STRICT_DECODE = "        return self.model.decode([token_ids] if isinstance(token_ids, int) else list(token_ids))\n"
 LENIENT_DECODE = (

@@ -15,6 +15,7 @@ import torch
 
 from tasks.config import RunConfig
 from tasks.config.train import DraftShape
+from tasks.draft.export import read_export_config
 from tasks.evaluate.vllm_engine import speculative_options
 from tasks.extract.shards import read_shard
 from tasks.prefect_env import PROJECT_ROOT
@@ -26,6 +27,8 @@ from tests.vllm.test_vllm import FIGURES
 VLLM_PYTHON = os.environ.get("DRAFTSMITH_VLLM_PYTHON", "")
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="needs DRAFTSMITH_VLLM_PYTHON (make test-vllm)")
 # The parsers a provider serving Kimi-K2.5 runs; remote code for the tiktoken tokenizer only.
+# vLLM's CPU build serving a Llama-style draft beside an MLA target: one KV cache, two kernels, no block size both take.
+BLOCK_SIZES = "No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])"
 KIMI_ARGS = [
     "--enforce-eager",
     "--trust-remote-code",
@@ -112,7 +115,8 @@ def test_extract_through_vllm_gives_the_bodys_states_at_the_layers_the_export_na
     meta = json.loads((store / "meta.json").read_text())
     exported = json.loads((config.run_dir / "draft" / "export" / "config.json").read_text())
     assert meta["backend"] == "vllm" and meta["hidden_size"] == 256 and meta["aux_layer_ids"] == [2, 4, 5]
-    assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == meta["aux_layer_ids"]
+    assert read_export_config(config.run_dir / "draft" / "export")[1] == meta["aux_layer_ids"]
+    assert exported["draftsmith"]["target_num_layers"] == 8  # engines take EAGLE-3's default layers of that depth
     for shard in sorted(store.glob("shard-*.safetensors")):
         aux, final = read_shard(shard)[:2]
         assert aux.shape[1] == 3 * 256 and final.shape[1] == 256 and aux.dtype == torch.bfloat16
@@ -132,7 +136,7 @@ def test_the_mla_draft_served_by_vllm_beside_the_target_agrees_with_draftsmiths_
     assert served["engine"] == "vllm" and served["identical"] == served["prompts"]
     assert served["tau_gain"] >= config.evaluate.min_tau_gain
     local = config.model_copy(update={"evaluate": config.evaluate.model_copy(update={"engine": "transformers"})})
-    own = evaluate_draft(local, target=text_body_model(mini), out=tmp_path / "eval")
+    own = evaluate_draft(local, target=text_body_model(mini, "bfloat16"), out=tmp_path / "eval")  # as vLLM serves it
     assert own["identical"] == own["prompts"] == served["prompts"]
     FIGURES["Kimi miniature: τ vLLM / draftsmith's loop (untrained)"] = (
         f"{served['acceptance_length']:.3f} / {own['acceptance_length']:.3f} "
@@ -155,12 +159,12 @@ def test_a_llama_style_draft_trains_on_the_same_states_and_exports_for_kimis_loa
     export = llama.run_dir / "draft" / "export"
     exported = json.loads((export / "config.json").read_text())
     assert exported["architectures"] == ["LlamaForCausalLMEagle3"] and trained["steps"] == config.train.max_steps
-    assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5] and exported["draft_vocab_size"] == 4096
-    with pytest.raises(RuntimeError, match="No common block size"):
+    assert read_export_config(export)[1] == [2, 4, 5] and exported["draft_vocab_size"] == 4096
+    with pytest.raises(RuntimeError, match="vLLM exited"):
         with VllmServer(llama, tmp_path / "llama.log", speculative_options(export, 2), 4096):
             pass
     # Refused only after resolving the export's architecture and loading every tensor with vLLM's own loader.
     log = (tmp_path / "llama.log").read_text()
     drafter = log[log.index("Loading drafter model") :]
-    assert "Resolved architecture: Eagle3LlamaForCausalLM" in log
-    assert drafter.index("Loading weights took") < drafter.index("No common block size")
+    assert "Resolved architecture: LlamaForCausalLMEagle3" in log
+    assert drafter.index("Loading weights took") < drafter.index(BLOCK_SIZES)
