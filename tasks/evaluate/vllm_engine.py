@@ -34,13 +34,21 @@ def speculative_options(export_dir: Path, k: int) -> list[str]:
 
 def counted_rounds(before: str, after: str, k: int, tokens: list[int]) -> DecodeResult:
     """One request's rounds from the counter deltas: drafts, and rounds accepting ≥ i tokens (chain drafts are
-    accepted as a prefix, so position i's count is the rounds that accepted at least i + 1)."""
+    accepted as a prefix, so position i's count is the rounds that accepted at least i + 1).
+
+    vLLM counts a draft token accepted when it matches, even past max_tokens or a stop token, where the reply does not
+    take it; draftsmith's loop counts only what the reply takes. The rounds yield the reply's tokens after the first
+    (the prefill's), so accepted tokens beyond those are taken off the round that ran past the end (the last, which
+    the histogram cannot place: the one accepting most)."""
 
     def delta(name: str, **labels: str) -> int:
         return round(counter(after, name, **labels) - counter(before, name, **labels))
 
     at_least = [delta(DRAFTS)] + [delta(ACCEPTED_AT, position=str(i)) for i in range(k)] + [0]
-    accepted = [n for n in range(k + 1) for _ in range(at_least[n] - at_least[n + 1])]
+    accepted = sorted(n for n in range(k + 1) for _ in range(at_least[n] - at_least[n + 1]))
+    excess = sum(accepted) + len(accepted) - (len(tokens) - 1)
+    if accepted and excess > 0:
+        accepted[-1] = max(0, accepted[-1] - excess)
     return DecodeResult(tokens=tokens, accepted=accepted, proposed=k)
 
 

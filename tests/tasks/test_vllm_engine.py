@@ -41,10 +41,23 @@ def test_rounds_are_rebuilt_from_the_counter_deltas():
 
     before = METRICS.format(drafts=5, accepted=3, p0=2, p1=1, p2=0)
     after = METRICS.format(drafts=15, accepted=10, p0=6, p1=3, p2=1)
-    result = counted_rounds(before, after, 3, list(range(17)))
+    result = counted_rounds(before, after, 3, list(range(18)))  # the prefill's token and 17 from the rounds
     assert sorted(result.accepted) == [0] * 6 + [1] * 2 + [2, 3]
     assert result.acceptance_length == pytest.approx(1 + 7 / 10)  # as vLLM's 1 + accepted / drafts
     assert acceptance_by_position([result]) == pytest.approx([0.4, 0.2, 0.1])
+
+
+def test_drafts_vllm_accepted_past_the_replys_end_are_not_counted():
+    """10 rounds accepting 3 each yield 40 tokens after the prefill's, but the reply stopped at 38 (max_tokens): the
+    round that ran past the end took only its first draft (as that round's one token, accepted 0, as draftsmith's loop
+    counts it)."""
+    from tasks.evaluate.vllm_engine import counted_rounds
+
+    before = METRICS.format(drafts=0, accepted=0, p0=0, p1=0, p2=0)
+    after = METRICS.format(drafts=10, accepted=30, p0=10, p1=10, p2=10)
+    result = counted_rounds(before, after, 3, list(range(38)))
+    assert sorted(result.accepted) == [0] + [3] * 9 and result.acceptance_length == pytest.approx(37 / 10)
+    assert counted_rounds(before, after, 3, list(range(41))).accepted == [3] * 10  # a reply that took them all
 
 
 def test_an_export_with_sglang_layer_ids_is_refused_for_vllm(tmp_path):
