@@ -27,6 +27,7 @@ from bench.publish import Table, save  # noqa: E402
 from tasks.config.loading import load_config  # noqa: E402
 from tasks.storage import read_table  # noqa: E402
 from tests.support.kimi_mini import build_kimi_mini, text_body_model  # noqa: E402
+from tests.support.validation import classes_by_mode, exact_rows_lost  # noqa: E402
 
 CONFIG = ROOT / "configs" / "kimi-k2.5-mini.yaml"
 
@@ -44,9 +45,8 @@ def checks(config, measured: dict, own: dict) -> Table:
     rates = pd.read_parquet(run / "validation" / "rates.parquet").groupby("mode")[["rows", "exact"]].sum()
     check = rates.loc["check"]
     table.add("validate", "rebuilt ids equal to the server's", f"{int(check['exact'])}/{int(check['rows'])}")
-    classes = read_table("validation", run / "validation").to_pandas()
-    classes = classes.pivot_table(index="id", columns="mode", values="klass", aggfunc="first")
-    lost = int(((classes["simulate"] == "exact") & (classes["simulate-guided"] != "exact")).sum())
+    classes = classes_by_mode(run)
+    lost = exact_rows_lost(classes)
     played = {"simulate": "as text, rebuilt in one pass: exact", "simulate-guided": "as text, guided on vLLM: exact"}
     for mode, what in played.items():
         table.add("validate", what, f"{int(rates.loc[mode, 'exact'])}/{int(rates.loc[mode, 'rows'])}")

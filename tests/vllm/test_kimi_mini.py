@@ -22,6 +22,7 @@ from tasks.prefect_env import PROJECT_ROOT
 from tasks.storage import read_table
 from tasks.vllm_server import VllmServer
 from tests.support.kimi_mini import build_kimi_mini, text_body_model
+from tests.support.validation import classes_by_mode, exact_rows_lost
 from tests.vllm.test_vllm import FIGURES
 
 VLLM_PYTHON = os.environ.get("DRAFTSMITH_VLLM_PYTHON", "")
@@ -101,9 +102,8 @@ def test_the_servers_ids_are_rebuilt_and_counted_and_guided_loses_no_exact_row(k
     check = rates[rates["mode"] == "check"]
     assert int(check["rows"].sum()) == len(generations) and int(check["exact"].sum()) == len(generations)
     assert (check["count_agreement"] == 1.0).all()
-    classes = read_table("validation", config.run_dir / "validation").to_pandas()
-    classes = classes.pivot_table(index="id", columns="mode", values="klass", aggfunc="first")
-    lost = int(((classes["simulate"] == "exact") & (classes["simulate-guided"] != "exact")).sum())
+    classes = classes_by_mode(config.run_dir)
+    lost = exact_rows_lost(classes)
     assert lost == 0 and (classes["simulate-guided"] != "semantic").all()
 
 

