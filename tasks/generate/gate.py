@@ -17,11 +17,8 @@ def gate_frame(config: RunConfig, error_rate: float) -> pd.DataFrame:
     fails the suite's row count)."""
     columns = ["id", "content", "tool_calls", "reasoning", "reasoning_kind", "finish_reason"]
     rows = read_table("generations", stage_dir(config, "generate"), columns=columns).to_pylist()
-    frame = pd.DataFrame(rows, columns=columns)
-    replied = [has_reply(row) for row in rows]
-    return pd.DataFrame(
-        {"id": frame["id"], "has_reply": replied, "finish_reason": frame["finish_reason"], "error_rate": error_rate}
-    )
+    frame = pd.DataFrame(rows, columns=columns)[["id", "finish_reason"]]
+    return frame.assign(has_reply=[has_reply(row) for row in rows], error_rate=error_rate)
 
 
 @task(name="gate-generate", persist_result=False)
