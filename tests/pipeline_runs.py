@@ -45,6 +45,19 @@ def deploy_tiny(runs_dir: Path, pool: str, extra: list[str] = ()):
     return CliRunner().invoke(app, ["deploy", "--no-serve", *args])
 
 
+def settle_logs(api_url: str, flow_run_id: str, quiet_s: float = 4, timeout: float = 60) -> None:
+    """Wait until the run's log count stops growing: the flow's process sends its last lines in batches after its
+    state is final, and stopping the worker at once can cut them off."""
+    query = {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200}
+    seen, quiet_since, deadline = -1, time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < quiet_s:
+        reply = httpx.post(f"{api_url}/logs/filter", json=query, timeout=30)
+        count = len(reply.json()) if reply.status_code == 200 else seen
+        if count != seen:
+            seen, quiet_since = count, time.monotonic()
+        time.sleep(1)
+
+
 def run_on_worker(api_url: str, deployment_id: str, pool: str, env: dict[str, str] | None = None, timeout: float = 900) -> dict:
     """Trigger a deployment by API with a `draftsmith worker` serving `pool`; returns the flow run once it settled."""
     worker = subprocess.Popen(
@@ -68,6 +81,7 @@ def run_on_worker(api_url: str, deployment_id: str, pool: str, env: dict[str, st
             polled = httpx.get(f"{api_url}/flow_runs/{run['id']}", timeout=30)
             if polled.status_code == 200:  # a busy SQLite server may answer 5xx now and then: ask again
                 run = polled.json()
+        settle_logs(api_url, run["id"])
     finally:
         worker.terminate()
         worker.wait(60)
