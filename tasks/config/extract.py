@@ -23,5 +23,8 @@ class ExtractConfig(StrictModel):
     """Tokens per safetensors shard (one shard is also the unit of resume); 65k tokens ~ 300 MB at H=576."""
     cpu_threads: int | None = Field(None, gt=0)
     """CPU only: torch threads; None keeps torch's default (size it when other processes share the cores)."""
+    storage_dtype: Literal["bfloat16", "float8_e4m3fn"] = "bfloat16"
+    """How stored states are written (offline shards and the training cache): bf16, or fp8 (e4m3) with one fp32 scale
+    per token and state, about half the bytes (bench/stream.py measures what it costs in τ)."""
     norm_range: tuple[float, float] = (1e-3, 1e4)
     """Gate: each shard's mean L2 norm per stored state (3 aux + final) must lie in this range."""

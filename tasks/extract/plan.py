@@ -100,6 +100,7 @@ def extraction_settings(config: RunConfig, info: TargetInfo) -> dict:
         "aux_layer_ids": aux_layer_ids(config, info),
         "dtype": resolve_dtype(config.compute.dtype, device),
         "batch_tokens": config.extract.batch_tokens,
+        "storage_dtype": config.extract.storage_dtype,
     }
 
 

@@ -16,7 +16,7 @@ from tasks.extract.backend import (
 )
 from tasks.extract.batching import pack_batches, padding_tokens
 from tasks.extract.plan import aux_layer_ids, plan_extract, read_target_info
-from tasks.extract.shards import write_shard
+from tasks.extract.shards import bytes_per_token, write_shard
 from tasks.extract.transformers_backend import load_transformers_backend, resolve_dtype
 from tasks.sharded import Shard, ShardedStage
 from tasks.stages import stage_dir
@@ -71,7 +71,7 @@ def build_shard(config: RunConfig, shard: Shard) -> dict:
     for batch in batches:
         states += backend.extract([table[i]["input_ids"] for i in batch])
     seconds = time.perf_counter() - started
-    written = write_shard(stage_dir(config, "extract") / shard.name, states)
+    written = write_shard(stage_dir(config, "extract") / shard.name, states, config.extract.storage_dtype)
     offsets = [0]
     for n in lengths[:-1]:
         offsets.append(offsets[-1] + n)
@@ -133,7 +133,7 @@ def finalize_extract(config: RunConfig, plans: list[Shard], markers: list[dict])
         "aux_layer_id_forms": layer_id_forms(ids, info.architecture),
         "final": FINAL_CONVENTION,
         "tensors": {"aux": f"[T, {3 * info.hidden_size}]", "final": f"[T, {info.hidden_size}]"},
-        "dtype": "bfloat16",
+        "dtype": config.extract.storage_dtype,
         "backend": config.extract.backend,
         "compute_dtype": resolve_dtype(config.compute.dtype, pick_device(config.compute.device)),
         "rows": len(index),
@@ -160,7 +160,7 @@ def finalize_extract(config: RunConfig, plans: list[Shard], markers: list[dict])
         "padding_share": round(1 - tokens / computed, 4) if computed else 0.0,
         "bytes": size,
         "bytes_per_token": meta["bytes_per_token"],
-        "bytes_per_token_ideal": 8 * info.hidden_size,  # 3 aux + 1 final state, 2 bytes each
+        "bytes_per_token_ideal": bytes_per_token(info.hidden_size, config.extract.storage_dtype),
     }
 
 
