@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -76,8 +77,10 @@ class VllmServer:
         path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)  # our connector
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(self.config.vllm.cpu_kvcache_gib), PYTHONPATH=path)
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._kill_orphan()
         with open(self.log, "w") as out:
             self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.pid_file.write_text(str(self.process.pid), encoding="utf-8")
         atexit.register(self.stop)
         self._stop_on_sigterm()
         started = time.monotonic()
@@ -97,6 +100,23 @@ class VllmServer:
                 waited = self.config.vllm.startup_s
                 raise TimeoutError(f"vLLM did not answer /health in {waited:.0f} s; {self.log}:\n{self.tail()}")
             time.sleep(2)
+
+    @property
+    def pid_file(self) -> Path:
+        return self.log.with_name(self.log.name + ".pid")
+
+    def _kill_orphan(self) -> None:
+        """A server this log's last user started and never stopped (it was killed with SIGKILL, so neither atexit nor
+        a signal handler ran) would keep its cores and memory: kill its process group before starting anew."""
+        try:
+            pid = int(self.pid_file.read_text(encoding="utf-8"))
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return
+        if b"vllm" in command:
+            log.warning("killing the vLLM server (pid %d) a killed run left behind (log %s)", pid, self.log)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
     def _stop_on_sigterm(self) -> None:
         """A SIGTERM to this process (a cancelled flow run, `kill`) stops the server first: atexit does not run on a
@@ -121,6 +141,7 @@ class VllmServer:
             signal.signal(signal.SIGTERM, self._sigterm)
             self._sigterm = None
         if self.process is None or self.process.poll() is not None:
+            self.pid_file.unlink(missing_ok=True)
             return
         os.killpg(self.process.pid, signal.SIGTERM)
         try:
@@ -128,6 +149,22 @@ class VllmServer:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+        self.pid_file.unlink(missing_ok=True)
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group, as a crash would (no cleanup)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def dead(self, wait_s: float = 5.0) -> bool:
+        """Whether the server has exited (a dying one is given `wait_s` to finish)."""
+        if self.process is None:
+            return True
+        try:
+            self.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
