@@ -130,6 +130,21 @@ def preflight(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
         raise typer.Exit(1)
 
 
+@app.command("plan-states")
+def plan_states(
+    config: Path = ConfigOption,
+    set_: list[str] = SetOption,
+    hidden_size: int = typer.Option(None, "--hidden-size", help="Plan for this width instead of the target's."),
+) -> None:
+    """Where training will read the hidden states (train.hidden_states, auto resolved), with the bytes offline shards
+    of the merged rows would take; run after merge."""
+    from tasks.draft.states import plan_hidden_states
+
+    cfg = read_config(config, set_, stages=["train"])
+    with user_errors(config):
+        console.print(plan_hidden_states(cfg, hidden_size).line(), highlight=False, soft_wrap=True)
+
+
 def show_config_keys(value: bool) -> None:
     """`--help-config`: every config key with its type, default and what it does, then exit."""
     if not value:

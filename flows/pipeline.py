@@ -9,8 +9,9 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
 from tasks.config import RunConfig
+from tasks.draft.states import HOW, plan_hidden_states
 from tasks.run_lock import holds_run_lock
-from tasks.run_report import UP_TO_DATE, run_artifacts, run_report_markdown, summary_line
+from tasks.run_report import NOT_NEEDED, UP_TO_DATE, run_artifacts, run_report_markdown, summary_line
 from tasks.runners import pipeline_runners
 from tasks.stage_record import current_summary, save_record
 from tasks.stages import BY_NAME, STAGE_NAMES, StageName, run_name, stage_flow
@@ -27,7 +28,13 @@ def call_stage_flow(subflow, config: RunConfig, force: bool) -> dict:
 
 def run_stage(stage: str, config: RunConfig, force: bool, runner) -> dict:
     """Run one stage as a subflow, on `runner(sharded)`'s task runner, unless its record says it is up to date (or it
-    is forced)."""
+    is forced), or it is extract and training reads its states elsewhere (`train.hidden_states`)."""
+    if stage == "extract":
+        plan = plan_hidden_states(config)
+        get_run_logger().info(plan.line())
+        if not plan.extracts:
+            get_run_logger().info("stage extract is not needed: train reads its hidden states %s", HOW[plan.mode])
+            return {NOT_NEEDED: True, "hidden_states": plan.mode, "offline_bytes": plan.offline_bytes}
     summary = None if force else current_summary(config, stage)
     if summary is not None:
         get_run_logger().info("stage %s is up to date (same config and inputs): skipped", stage)

@@ -9,6 +9,7 @@ from tasks.stages import BY_NAME, STAGES
 # Artifact keys each stage publishes.
 STAGE_ARTIFACTS = {"preflight": ["preflight"]} | {s.name: [*s.artifacts, s.gate_artifact] for s in STAGES}
 UP_TO_DATE = "up_to_date"  # the pipeline marks a stage it skipped with this key
+NOT_NEEDED = "not_needed"  # ...and a stage this run does not need (extract, when training streams its states)
 
 
 def _figures(summary: dict, limit: int = 3) -> str:
@@ -18,7 +19,7 @@ def _figures(summary: dict, limit: int = 3) -> str:
         for k, v in summary.items()
         if isinstance(v, (int, float, str))
         and not isinstance(v, bool)
-        and k != UP_TO_DATE
+        and k not in (UP_TO_DATE, NOT_NEEDED)
         and "/" not in str(v)
         and len(str(v)) <= 24
     ]
@@ -90,6 +91,8 @@ def run_report_markdown(config: RunConfig, results: dict, artifacts: dict[str, s
         summary = summary or {}
         if summary.get(UP_TO_DATE):
             status, seconds = "up to date", "-"
+        elif summary.get(NOT_NEEDED):
+            status, seconds = "not needed", "-"
         else:
             record = load_record(config, stage) if stage in BY_NAME else None
             status, seconds = "ran", format((record or {}).get("seconds", 0), ".0f") if record else "-"

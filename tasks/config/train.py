@@ -34,9 +34,22 @@ class DraftShape(StrictModel):
         return self
 
 
+HiddenStates = Literal["auto", "offline", "stream", "cache", "online"]
+
+
 class TrainConfig(StrictModel):
-    mode: Literal["offline", "online"] = "offline"
-    """offline reads the extract stage's shards; online runs the target inside the loop."""
+    hidden_states: HiddenStates = "auto"
+    """Where training reads the target's states (tasks/draft/states.py). offline: the extract stage's shards (8·H bytes
+    per token on disk); stream: the run's vLLM server (section `vllm`) computes each batch's states while the one
+    before trains, and every file is deleted once read; cache: stream, keeping what was asked within
+    `disk_budget_gb` so later epochs ask the engine only for the rest; online: the target runs inside the training
+    process (transformers). auto: offline when the planned shards fit `disk_budget_gb` and the free disk, else stream."""
+    disk_budget_gb: float = Field(50.0, gt=0)
+    """Disk the hidden states may take (GB, 10^9 bytes): auto's choice, and the cache's bound."""
+    prefetch_batches: int = Field(2, ge=1)
+    """stream/cache: batches asked of the engine ahead of the one training (each one's files stay on disk until read)."""
+    engine_restarts: int = Field(2, ge=0)
+    """stream/cache: times a dead engine is restarted (and its batch asked again) before the run fails."""
     draft_vocab_size: int = Field(32_000, gt=0)
     """Draft vocabulary size (capped at the target vocab)."""
     ttt_steps: int = Field(7, ge=1)
@@ -82,3 +95,18 @@ class TrainConfig(StrictModel):
     """Weights dtype in the exported model.safetensors (what serving engines load)."""
     export_engine: Literal["sglang", "vllm"] = "sglang"
     """Layer-id convention written to config.json: SGLang adds 1 to the ids it reads, vLLM does not."""
+
+    @model_validator(mode="after")
+    def _streams_in_one_process(self) -> TrainConfig:
+        if self.hidden_states in ("stream", "cache") and self.processes > 1:
+            raise ValueError(f"train.hidden_states: {self.hidden_states} trains in one process; set train.processes: 1")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_mode(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "mode" in data:
+            raise ValueError(
+                f"train.mode is now train.hidden_states (offline | online | stream | cache | auto); got mode: {data['mode']}"
+            )
+        return data

@@ -1,4 +1,5 @@
-"""Training rows for the draft: stored hidden-state shards (offline) or a target forward (online).
+"""Training rows for the draft: stored hidden-state shards (offline), a target forward (online), or the serving
+engine (stream/cache, tasks/draft/states.py).
 
 Either way a row is: input_ids (T,), loss_mask (T,), aux (T, 3*H_t) and final (T, H_t), the target's
 last normed state from which its logits are recomputed through the frozen `lm_head`.
@@ -8,13 +9,14 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from tasks.extract.batching import cut_shards
+from tasks.extract.shards import StoredStates
 from tasks.storage import read_table
 
 
@@ -41,9 +43,12 @@ class OfflineSource:
         self.rows = [TrainingRow(r["id"], r["input_ids"], r["loss_mask"]) for r in index]
         self._handles: dict[str, object] = {}
 
+    def close(self) -> None:
+        self._handles.clear()
+
     def _shard(self, name: str):
         if name not in self._handles:
-            self._handles[name] = safe_open(str(self.directory / name), framework="pt")
+            self._handles[name] = StoredStates(self.directory / name)
         return self._handles[name]
 
     def features(self, indices: list[int]) -> list[dict]:
@@ -51,23 +56,28 @@ class OfflineSource:
         out = []
         for i in indices:
             entry = self.index[i]
-            start, stop = entry["offset"], entry["offset"] + entry["length"]
-            shard = self._shard(entry["shard"])
-            aux = shard.get_slice("aux")[start:stop].float()
-            final = shard.get_slice("final")[start:stop].float()
+            aux, final = self._shard(entry["shard"]).span(entry["offset"], entry["offset"] + entry["length"])
             out.append({"aux": aux, "final": final})
         return out
+
+
+def merged_rows(run_dir: Path, split: str = "train") -> list[TrainingRow]:
+    """The merge stage's rows of one split, by id (the order every source keeps)."""
+    table = read_table("merged", Path(run_dir) / "merged" / split).to_pylist()
+    table = sorted((r for r in table if r["split"] == split), key=lambda r: r["id"])
+    return [TrainingRow(r["id"], r["input_ids"], r["loss_mask"]) for r in table]
 
 
 class OnlineSource:
     """Rows of the merged table; features come from a target forward at load time (nothing on disk)."""
 
     def __init__(self, run_dir: Path, target, aux_layer_ids: list[int], split: str = "train"):
-        table = read_table("merged", Path(run_dir) / "merged" / split).to_pylist()
-        table = sorted((r for r in table if r["split"] == split), key=lambda r: r["id"])
-        self.rows = [TrainingRow(r["id"], r["input_ids"], r["loss_mask"]) for r in table]
+        self.rows = merged_rows(run_dir, split)
         self.target = target
         self.aux_layer_ids = aux_layer_ids
+
+    def close(self) -> None:
+        return None
 
     @torch.no_grad()
     def features(self, indices: list[int]) -> list[dict]:
@@ -97,6 +107,15 @@ def plan_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int, w
     batches = [[order[p] for p in cut] for cut in cut_shards([lengths[i] for i in order], batch_tokens)]
     rng.shuffle(batches)
     return batches
+
+
+def schedule(lengths: list[int], batch_tokens: int, seed: int, epoch: int, position: int) -> Iterator[tuple[int, int, list[int]]]:
+    """(epoch, position, rows) of every global batch from `position` of `epoch` on, epoch after epoch."""
+    while True:
+        batches = plan_batches(lengths, batch_tokens, seed, epoch)
+        for at in range(position, len(batches)):
+            yield epoch, at, batches[at]
+        epoch, position = epoch + 1, 0
 
 
 def rank_slice(batch: list[int], rank: int, world: int) -> tuple[list[int], bool]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
+import logging
 import os
 import random
 import shutil
@@ -24,8 +26,9 @@ from transformers import get_cosine_schedule_with_warmup
 from tasks.completions import COMPLETIONS
 from tasks.config import RunConfig
 from tasks.draft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from tasks.draft.data import OfflineSource, OnlineSource, collate, plan_batches, rank_slice, read_meta
+from tasks.draft.data import OfflineSource, OnlineSource, collate, merged_rows, rank_slice, read_meta, schedule
 from tasks.draft.model import DraftConfig, Eagle3Draft
+from tasks.draft.states import STREAMED, StreamSource, plan_hidden_states
 from tasks.draft.ttt import simulated_tau, target_in_vocab, unroll, window_tau_sim
 from tasks.draft.vocab import build_draft_vocab, count_trained_tokens, load_vocab, save_vocab
 from tasks.extract.backend import default_aux_layer_ids
@@ -35,6 +38,8 @@ from tasks.stages import stage_dir
 from tasks.storage import atomic_path
 from tasks.target_model.checkpoint import text_weights
 from tasks.target_model.loader import model_dir, model_placement, resolve_dtype, shared_model
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,10 +68,19 @@ def pieces_from_model(model, keep_model: bool) -> TargetPieces:
     return TargetPieces(model.config, embed, lm_head, model if keep_model else None)
 
 
-def aux_layer_ids(config: RunConfig, num_layers: int) -> list[int]:
-    if config.train.mode == "offline":
+def aux_layer_ids(config: RunConfig, num_layers: int, mode: str) -> list[int]:
+    if mode == "offline":
         return list(read_meta(config.run_dir)["aux_layer_ids"])
     return list(config.extract.aux_layer_ids or default_aux_layer_ids(num_layers))
+
+
+def open_source(config: RunConfig, mode: str, pieces: TargetPieces, layer_ids: list[int]):
+    """The training split's rows and where their states come from."""
+    if mode == "offline":
+        return OfflineSource(config.run_dir, "train")
+    if mode == "online":
+        return OnlineSource(config.run_dir, pieces.model, layer_ids, "train")
+    return StreamSource(config, merged_rows(config.run_dir, "train"), cache=mode == "cache")
 
 
 def prepare_vocab(config: RunConfig, rows, vocab_size: int, rank: int):
@@ -105,6 +119,9 @@ def untrained_draft(config: RunConfig, draft: Eagle3Draft, embed, lm_head) -> Ea
 # Settings that may change between resumes without invalidating the checkpoints.
 RESUMABLE_FIELDS = {
     "max_steps",
+    "disk_budget_gb",
+    "prefetch_batches",
+    "engine_restarts",
     "checkpoint_every",
     "keep_checkpoints",
     "processes",
@@ -114,9 +131,9 @@ RESUMABLE_FIELDS = {
 }
 
 
-def data_fingerprint(config: RunConfig) -> str:
+def data_fingerprint(config: RunConfig, mode: str) -> str:
     """Names and sizes of the files training reads; a re-extracted or re-merged input changes it."""
-    folder = config.run_dir / ("hidden_states" if config.train.mode == "offline" else "merged/train")
+    folder = config.run_dir / ("hidden_states" if mode == "offline" else "merged/train")
     files = sorted(
         p
         for p in folder.rglob("*")
@@ -126,13 +143,15 @@ def data_fingerprint(config: RunConfig) -> str:
     return hashlib.sha256(listing.encode()).hexdigest()
 
 
-def reset_if_changed(config: RunConfig) -> None:
+def reset_if_changed(config: RunConfig, mode: str) -> None:
     """Start over when the training setup differs from the one that wrote `draft/` (else resume)."""
     out = stage_dir(config, "train")
     key = {k: v for k, v in config.train.model_dump(mode="json").items() if k not in RESUMABLE_FIELDS}
     key["target"] = config.target.model_dump(mode="json")
     key["seed"] = config.compute.seed
-    key["data"] = data_fingerprint(config)
+    key["data"] = data_fingerprint(config, mode)
+    key["hidden_states"] = mode  # as resolved (auto's choice)
+    key["storage_dtype"] = config.extract.storage_dtype if mode in ("offline", "cache") else None
     path = out / "train-key.json"
     if path.exists() and json.loads(path.read_text(encoding="utf-8")) == key:
         return
@@ -163,21 +182,27 @@ def train_draft(
     until_step: int | None = None,
 ) -> dict:
     """Train (or resume) to `train.max_steps`, or stop after `until_step`; returns a small summary."""
+    plan = plan_hidden_states(config)
+    if rank == 0:
+        log.info(plan.line())
+        reset_if_changed(config, plan.mode)
+    if world > 1:
+        dist.barrier()
+    if plan.mode in STREAMED and world > 1:
+        raise ValueError(f"train.hidden_states: {plan.mode} (auto's choice too) trains in one process; set train.processes: 1")
+    pieces = pieces or load_target_pieces(config, keep_model=plan.mode == "online")
+    layer_ids = aux_layer_ids(config, pieces.config.num_hidden_layers, plan.mode)
+    with contextlib.closing(open_source(config, plan.mode, pieces, layer_ids)) as source:
+        summary = _train(config, pieces, source, layer_ids, rank, world, until_step)
+    return summary | {"hidden_states": plan.mode} | (source.report() if plan.mode in STREAMED else {})
+
+
+def _train(config: RunConfig, pieces: TargetPieces, source, layer_ids, rank: int, world: int, until_step) -> dict:
     tc = config.train
     out = stage_dir(config, "train")
     device = _device(config.compute.device, rank)
-    if rank == 0:
-        reset_if_changed(config)
-    if world > 1:
-        dist.barrier()
-    pieces = pieces or load_target_pieces(config, keep_model=tc.mode == "online")
-    layer_ids = aux_layer_ids(config, pieces.config.num_hidden_layers)
-    if tc.mode == "offline":
-        source = OfflineSource(config.run_dir, "train")
-    else:
-        source = OnlineSource(config.run_dir, pieces.model, layer_ids, "train")
     if not source.rows:
-        raise ValueError(f"train: no training rows under {config.run_dir} (mode={tc.mode})")
+        raise ValueError(f"train: no training rows under {config.run_dir} ({type(source).__name__})")
     vocab = prepare_vocab(config, source.rows, pieces.config.vocab_size, rank)
     draft = build_draft(config, pieces, vocab).to(device)
     lm_head_full = pieces.lm_head.to(device)
@@ -216,13 +241,15 @@ def train_draft(
         tau = window_tau_sim(records)
         return f"loss {last['loss']:.3f}, acc_0 {last['acc_0']:.3f}, τ_sim {tau or 1.0:.3f}, {pace}"
 
+    def upcoming():
+        return schedule(lengths, tc.batch_tokens * world, config.compute.seed, epoch, position)
+
+    if isinstance(source, StreamSource):
+        source.start(rank_slice(rows, rank, world)[0] for _, _, rows in itertools.islice(upcoming(), stop - step))
+    batches = upcoming()
     with ProgressLog("train", stop - step, "steps", note=note) if rank == 0 else contextlib.nullcontext() as progress:
         while step < stop:
-            batches = plan_batches(lengths, tc.batch_tokens * world, config.compute.seed, epoch)
-            if position >= len(batches):
-                epoch, position = epoch + 1, 0
-                continue
-            global_rows = batches[position]
+            epoch, position, global_rows = next(batches)
             mine, idle = rank_slice(global_rows, rank, world)
             batch = collate([source.rows[i] for i in mine], source.features(mine))
             if idle:

@@ -114,7 +114,7 @@ def body_config(directory: Path):
 IN_PROCESS = (
     ("reconstruct", "reconstruct.guided.backend", "transformers", "set reconstruct.guided.backend: vllm"),
     ("extract", "extract.backend", "transformers", "set extract.backend: vllm"),
-    ("train", "train.mode", "online", "set train.mode: offline (it reads the extracted states and two tensors)"),
+    ("train", "train.hidden_states", "online", "set train.hidden_states: offline or stream (states from the engine)"),
     ("evaluate", "evaluate.engine", "transformers", "set evaluate.engine: vllm"),
 )
 

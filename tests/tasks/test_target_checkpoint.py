@@ -98,15 +98,15 @@ def test_in_process_backends_are_refused_for_a_target_only_an_engine_runs(mini):
         "target.path": str(mini),
         "extract.backend": "transformers",
         "reconstruct.guided.backend": "transformers",
-        "train.mode": "online",
+        "train.hidden_states": "online",
         "evaluate.engine": "transformers",
     }
     in_process = load_config(KIMI_CONFIG, overrides)
     problems = in_process_problems(in_process, STAGE_NAMES)
-    keys = ["reconstruct.guided.backend", "extract.backend", "train.mode", "evaluate.engine"]
+    keys = ["reconstruct.guided.backend", "extract.backend", "train.hidden_states", "evaluate.engine"]
     assert [p.split(":")[0] for p in problems] == keys
     assert all("model_type 'kimi_k25' has no transformers causal-LM class" in p for p in problems)
-    assert "set extract.backend: vllm" in problems[1] and "set train.mode: offline" in problems[2]
+    assert "set extract.backend: vllm" in problems[1] and "set train.hidden_states: offline or stream" in problems[2]
     assert [p.split(":")[0] for p in in_process_problems(in_process, ["extract"])] == ["extract.backend"]
     without_guided = load_config(KIMI_CONFIG, overrides | {"reconstruct.methods": ["server_ids", "logprobs"]})
     assert "reconstruct.guided.backend" not in " ".join(in_process_problems(without_guided, STAGE_NAMES))

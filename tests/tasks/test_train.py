@@ -132,7 +132,7 @@ def test_online_reads_the_same_features(hidden_run, tmp_path, demo_model):
         assert together["aux"].shape == alone["aux"].shape == (len(online.rows[i].input_ids), 3 * 576)
         for key in ("aux", "final"):
             torch.testing.assert_close(together[key], alone[key], rtol=1e-4, atol=1e-4)
-    config = config_for(hidden_run, tmp_path, "online", mode="online", max_steps=2)
+    config = config_for(hidden_run, tmp_path, "online", hidden_states="online", max_steps=2)
     shutil.rmtree(config.run_dir / "hidden_states", ignore_errors=True)
     (config.run_dir / "hidden_states").unlink(missing_ok=True)
     summary = train_draft(config, pieces_from_model(demo_model, keep_model=True))

@@ -168,3 +168,37 @@ def test_a_llama_style_draft_trains_on_the_same_states_and_exports_for_kimis_loa
     drafter = log[log.index("Loading drafter model") :]
     assert "Resolved architecture: LlamaForCausalLMEagle3" in log
     assert drafter.index("Loading weights took") < drafter.index(BLOCK_SIZES)
+
+
+def test_a_streamed_run_trains_the_mla_draft_without_shards_and_plans_kimis_own_width(kimi_run, tmp_path):
+    """`train.hidden_states: stream` on the wrapper: training asks vLLM for each batch's states, keeps at most the
+    prefetched batches' files, writes no shard, and trains the draft the offline shards trained. The plan for
+    Kimi-K2.5's own width (7,168) on the same rows prints the bytes offline shards would take."""
+    from tasks.draft.states import plan_hidden_states
+    from tasks.draft.train import train_draft
+    from tests.vllm.test_stream import largest_batch
+
+    config, _ = kimi_run
+    train = config.train.model_copy(update={"hidden_states": "stream"})
+    streamed = config.model_copy(update={"name": "kimi-stream", "runs_dir": tmp_path, "train": train})
+    shutil.copytree(config.run_dir / "merged", streamed.run_dir / "merged")
+    summary = train_draft(streamed)
+    assert summary["hidden_states"] == "stream" and summary["step"] == config.train.max_steps
+    assert 1 <= summary["peak_files"] <= train.prefetch_batches * largest_batch(streamed, epochs=10)
+    assert not (streamed.run_dir / "hidden_states").exists() and not list((streamed.run_dir / "draft" / "stream").glob("*"))
+    offline, ours = (last_weights(c) for c in (config, streamed))
+    gap = max(float((offline[k].float() - ours[k].float()).abs().max()) for k in offline)
+    losses = [
+        json.loads((c.run_dir / "draft" / "metrics.jsonl").read_text().splitlines()[-1])["loss"] for c in (config, streamed)
+    ]
+    FIGURES["Kimi miniature, streamed vs offline: last loss; largest weight gap"] = (
+        f"{losses[1]:.4f} vs {losses[0]:.4f}; {gap:.2e}"
+    )
+    assert abs(losses[1] - losses[0]) <= 0.01 * losses[0]
+    plan = plan_hidden_states(streamed, hidden_size=7168)
+    assert plan.offline_bytes == plan.tokens * 57_344 and f"{plan.offline_bytes:,} B" in plan.line()
+    FIGURES["Kimi-K2.5's width on the miniature's rows"] = plan.line()
+
+
+def last_weights(config: RunConfig) -> dict:
+    return torch.load(sorted((config.run_dir / "draft" / "checkpoints").glob("step-*.pt"))[-1], weights_only=False)["model"]
