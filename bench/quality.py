@@ -138,7 +138,7 @@ def held_out_sources(pool: RunConfig) -> list[dict]:
 def run_settings(demo: RunConfig, args, steps: int, variant: str = "3.0") -> dict:
     """The train and evaluate sections every budget and arm uses: `steps` steps, evaluation without a gate."""
     # Checkpoints every 200 steps: a stopped shape resumes from the last one when the same command runs again.
-    train = {"mode": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": 200}
+    train = {"hidden_states": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": 200}
     train |= {"adam_betas": [0.9, 0.999], "dtype": args.dtype or "auto"}  # torch's betas; auto: bf16 where native
     train |= {"draft": VARIANTS[variant]} | ({"ttt_steps": args.ttt_steps} if args.ttt_steps else {})
     evaluate = {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.ks[0]}
