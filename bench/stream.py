@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -94,6 +95,7 @@ def run_arm(config: RunConfig, merged: Path, target, k: int) -> dict:
     from tasks.evaluate.stage import evaluate_draft
     from tasks.extract.stage import EXTRACT
 
+    shutil.rmtree(config.run_dir, ignore_errors=True)  # every arm from scratch: no shard, cache or checkpoint kept
     link = stage_dir(config, "merge")
     link.parent.mkdir(parents=True, exist_ok=True)
     if not link.exists():
