@@ -139,11 +139,17 @@ class StateCache:
     def bytes(self) -> int:
         return sum(self.entries.values())
 
-    def _name(self, row_id: str) -> str:
-        return hashlib.sha256(row_id.encode()).hexdigest()[:32] + ".safetensors"
+    @staticmethod
+    def _name(row) -> str:
+        """A row's file: named by its id and tokens, so a row merged anew under the same id never reads old states."""
+        digest = hashlib.sha256(f"{row.id}\0{','.join(map(str, row.input_ids))}".encode())
+        return digest.hexdigest()[:32] + ".safetensors"
 
-    def get(self, row_id: str) -> dict | None:
-        name = self._name(row_id)
+    def has(self, row) -> bool:
+        return self._name(row) in self.entries
+
+    def get(self, row) -> dict | None:
+        name = self._name(row)
         if name not in self.entries:
             return None
         self.hits += 1
@@ -151,7 +157,7 @@ class StateCache:
         aux, final = stored.span(0, stored.tokens)
         return {"aux": aux, "final": final}
 
-    def put(self, row_id: str, states: RowStates) -> dict:
+    def put(self, row, states: RowStates) -> dict:
         """Keep the row if the budget allows; returns its features as every epoch reads them (stored, then decoded)."""
         tensors = encode_states(states.aux, states.final, self.storage_dtype)
         data = save(tensors)  # the file's bytes, so the budget counts what the disk holds
@@ -160,7 +166,7 @@ class StateCache:
                 oldest, _ = self.entries.popitem(last=False)
                 (self.directory / oldest).unlink(missing_ok=True)
                 self.evicted += 1
-            self._write(self._name(row_id), data)
+            self._write(self._name(row), data)
         return decode_states(tensors)
 
     def _write(self, name: str, data: bytes) -> None:
@@ -202,7 +208,9 @@ class StreamSource:
         self.aux_layer_ids = self.engine.aux_layer_ids
         self.cache = None
         if cache:
-            settings = {"target": config.target.model_dump(mode="json"), "aux_layer_ids": self.aux_layer_ids}
+            from tasks.extract.plan import extraction_settings
+
+            settings = extraction_settings(config, self.engine.info)  # what the states' numbers depend on
             directory = stage_dir(config, "train") / "states-cache"
             self.cache = StateCache(directory, int(tc.disk_budget_gb * GB), config.extract.storage_dtype, settings)
         self.pool = ThreadPoolExecutor(config.vllm.concurrency)
@@ -222,7 +230,7 @@ class StreamSource:
                 return
             asked = {}
             for i in dict.fromkeys(indices):
-                if self.cache is None or self.cache._name(self.rows[i].id) not in self.cache.entries:
+                if self.cache is None or not self.cache.has(self.rows[i]):
                     asked[i] = self.pool.submit(self.engine.ask, self.rows[i].input_ids)
                     self.asked_rows += 1
                     self.asked_tokens += len(self.rows[i].input_ids)
@@ -237,7 +245,7 @@ class StreamSource:
         out = {i: self._read(i, path) for i, path in paths.items()}
         for i in pending.indices:
             if i not in out:
-                out[i] = self.cache.get(self.rows[i].id) if self.cache else None
+                out[i] = self.cache.get(self.rows[i]) if self.cache else None
                 if out[i] is None:  # evicted since it was planned: ask now
                     out[i] = self._read(i, self.engine.ask(self.rows[i].input_ids))
         self._fill()
@@ -246,7 +254,7 @@ class StreamSource:
     def _read(self, i: int, path: Path) -> dict:
         states = self.engine.states(path, self.rows[i].input_ids)  # the file is removed once read
         if self.cache is not None:
-            return self.cache.put(self.rows[i].id, states)
+            return self.cache.put(self.rows[i], states)
         return {"aux": states.aux.float(), "final": states.final.float()}
 
     def _measure(self) -> None:

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from safetensors.torch import save
 
 from tasks.config import RunConfig
-from tasks.draft.data import OfflineSource
+from tasks.draft.data import OfflineSource, TrainingRow
 from tasks.draft.states import GB, StateCache, plan_hidden_states
 from tasks.extract.backend import RowStates
 from tasks.extract.shards import StoredStates, bytes_per_token, encode_states, read_rows, write_shard
@@ -117,6 +117,10 @@ def test_fp8_shards_take_half_the_bytes_and_read_back_within_e4m3_rounding(run, 
     assert stored.tokens == tokens and stored.span(0, 3)[0].dtype == torch.float32
 
 
+def rows_named(*names, tokens=(1, 2, 3)):
+    return {name: TrainingRow(name, list(tokens), [1] * len(tokens)) for name in names}
+
+
 def test_the_cache_keeps_its_budget_evicting_the_oldest(tmp_path):
     g = torch.Generator().manual_seed(0)
 
@@ -124,15 +128,17 @@ def test_the_cache_keeps_its_budget_evicting_the_oldest(tmp_path):
         return RowStates(torch.randn(n, 3 * H, generator=g).bfloat16(), torch.randn(n, H, generator=g).bfloat16())
 
     rows = {f"r{i}": row(10) for i in range(5)}
+    keys = rows_named(*rows)
     entry = len(save(encode_states(rows["r0"].aux, rows["r0"].final)))  # one 10-token row's file, in bf16
     assert 10 * 8 * H < entry < 10 * 8 * H + 512
     cache = StateCache(tmp_path / "cache", 3 * entry, "bfloat16", {"target": "t"})
     for rid, states in rows.items():
-        got = cache.put(rid, states)
+        got = cache.put(keys[rid], states)
         torch.testing.assert_close(got["aux"], states.aux.float(), rtol=0, atol=0)
     assert cache.bytes <= 3 * entry and cache.evicted == 2
-    assert cache.get("r0") is None and cache.get("r1") is None  # the oldest went first
-    torch.testing.assert_close(cache.get("r4")["final"], rows["r4"].final.float(), rtol=0, atol=0)
+    assert cache.get(keys["r0"]) is None and cache.get(keys["r1"]) is None  # the oldest went first
+    torch.testing.assert_close(cache.get(keys["r4"])["final"], rows["r4"].final.float(), rtol=0, atol=0)
+    assert not cache.has(rows_named("r4", tokens=(1, 2, 4))["r4"])  # the same id merged anew with other tokens
     # A rerun with the same settings finds what was kept; other settings start it empty.
     assert len(StateCache(tmp_path / "cache", 3 * entry, "bfloat16", {"target": "t"}).entries) == 3
     assert not StateCache(tmp_path / "cache", 3 * entry, "bfloat16", {"target": "other"}).entries
@@ -141,8 +147,9 @@ def test_the_cache_keeps_its_budget_evicting_the_oldest(tmp_path):
 def test_an_fp8_cache_trains_epoch_one_on_what_later_epochs_read(tmp_path):
     states = RowStates(torch.randn(7, 3 * H).bfloat16(), torch.randn(7, H).bfloat16())
     cache = StateCache(tmp_path / "cache", GB, "float8_e4m3fn", {})
-    first = cache.put("row", states)
-    later = cache.get("row")
+    key = rows_named("row")["row"]
+    first = cache.put(key, states)
+    later = cache.get(key)
     for name in ("aux", "final"):
         torch.testing.assert_close(first[name], later[name], rtol=0, atol=0)
         assert not torch.equal(first[name], getattr(states, name).float())
@@ -155,7 +162,7 @@ def test_a_full_disk_stops_the_cache_with_a_warning(tmp_path, monkeypatch, caplo
     states = RowStates(torch.randn(4, 3 * H).bfloat16(), torch.randn(4, H).bfloat16())
     with caplog.at_level(logging.WARNING, logger="tasks.draft.states"):
         for i in range(4):
-            assert cache.put(f"r{i}", states)["aux"].shape == (4, 3 * H)  # every row still comes back
+            assert cache.put(rows_named(f"r{i}")[f"r{i}"], states)["aux"].shape == (4, 3 * H)  # every row comes back
     assert cache.full and len(cache.entries) == 1 and "the disk is full" in caplog.text
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([*cache.entries, "settings.json"])
     # Another OSError is not a full disk: it is raised.
@@ -167,7 +174,7 @@ def test_a_full_disk_stops_the_cache_with_a_warning(tmp_path, monkeypatch, caplo
 
     monkeypatch.setattr("tasks.draft.states._raise_disk_full", denied)
     with pytest.raises(OSError, match="Permission denied"):
-        StateCache(tmp_path / "other", GB, "bfloat16", {}).put("r", states)
+        StateCache(tmp_path / "other", GB, "bfloat16", {}).put(rows_named("r")["r"], states)
 
 
 def test_fire_failpoints_call_their_action_at_the_named_reach(monkeypatch):
