@@ -142,7 +142,11 @@ def plan_states(
 
     cfg = read_config(config, set_, stages=["train"])
     with user_errors(config):
-        console.print(plan_hidden_states(cfg, hidden_size).line(), highlight=False, soft_wrap=True)
+        try:
+            plan = plan_hidden_states(cfg, hidden_size)
+        except FileNotFoundError as e:
+            fail(f"{config}: {e}")
+    console.print(plan.line(), highlight=False, soft_wrap=True)
 
 
 def show_config_keys(value: bool) -> None:

@@ -185,3 +185,18 @@ def test_fire_failpoints_call_their_action_at_the_named_reach(monkeypatch):
         failpoint("a", on_fire=lambda: calls.append("a"))
         failpoint("b", on_fire=lambda: calls.append("b"))
     assert calls == ["a", "b", "b", "b"]
+
+
+def test_plan_states_prints_the_line_for_any_width_and_names_a_missing_merge(run, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    config = tmp_path / "run.yaml"
+    config.write_text(f"name: {run.name}\nruns_dir: {run.parent}\n")
+    shown = CliRunner().invoke(app, ["plan-states", "--config", str(config), "--hidden-size", str(KIMI_K25_HIDDEN)])
+    assert shown.exit_code == 0, shown.output
+    assert f"{merged_tokens(run) * 57_344:,} B" in shown.output and "H = 7,168" in shown.output
+    config.write_text(f"name: nothing-merged\nruns_dir: {tmp_path}\n")
+    missing = CliRunner().invoke(app, ["plan-states", "--config", str(config)])
+    assert missing.exit_code == 2 and "run the merge stage first" in missing.output
