@@ -228,13 +228,13 @@ class StreamSource:
             indices = next(self.upcoming, None)
             if indices is None:
                 return
-            asked = {}
-            for i in dict.fromkeys(indices):
-                if self.cache is None or not self.cache.has(self.rows[i]):
-                    asked[i] = self.pool.submit(self.engine.ask, self.rows[i].input_ids)
-                    self.asked_rows += 1
-                    self.asked_tokens += len(self.rows[i].input_ids)
-            self.queue.append(_Pending(list(indices), asked))
+            missing = [i for i in indices if self.cache is None or not self.cache.has(self.rows[i])]
+            self.queue.append(_Pending(list(indices), {i: self._ask(i) for i in missing}))
+
+    def _ask(self, i: int) -> Future:
+        self.asked_rows += 1
+        self.asked_tokens += len(self.rows[i].input_ids)
+        return self.pool.submit(self.engine.ask, self.rows[i].input_ids)
 
     def features(self, indices: list[int]) -> list[dict]:
         if not self.queue or self.queue[0].indices != list(indices):
@@ -247,7 +247,7 @@ class StreamSource:
             if i not in out:
                 out[i] = self.cache.get(self.rows[i]) if self.cache else None
                 if out[i] is None:  # evicted since it was planned: ask now
-                    out[i] = self._read(i, self.engine.ask(self.rows[i].input_ids))
+                    out[i] = self._read(i, self._ask(i).result())
         self._fill()
         return [out[i] for i in pending.indices]
 

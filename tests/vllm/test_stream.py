@@ -25,6 +25,10 @@ VLLM_PYTHON = os.environ.get("DRAFTSMITH_VLLM_PYTHON", "")
 pytestmark = [pytest.mark.timeout(3600), pytest.mark.skipif(not VLLM_PYTHON, reason="needs DRAFTSMITH_VLLM_PYTHON")]
 
 PREFETCH = 2
+# vLLM's CPU kernels round a row's states the same way only for the same batch around it, and which rows share a
+# forward depends on when their requests arrive: two uninterrupted streamed runs of this module have differed by up
+# to 2e-7 in a weight (fp32). Runs that must agree are held to this; the batches and their order, exactly.
+ENGINE_TOLERANCE = 1e-5
 TRAIN = {
     "draft_vocab_size": 512,
     "ttt_steps": 3,
@@ -68,10 +72,18 @@ def weights(config: RunConfig) -> dict:
     return torch.load(found[-1], weights_only=False)["model"]
 
 
-def assert_same_weights(a: dict, b: dict, tolerance: float = 0.0) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=tolerance, atol=tolerance, msg=name)
+def assert_same_training(a: RunConfig, b: RunConfig) -> None:
+    """The same batches in the same order (tokens and positions per step, exactly), the same losses and weights to
+    the engine's rounding."""
+    steps = [[json.loads(m) for m in (c.run_dir / "draft" / "metrics.jsonl").read_text().splitlines()] for c in (a, b)]
+    order = [[(m["step"], m["tokens"], m["positions"]) for m in run] for run in steps]
+    assert order[0] == order[1]
+    for x, y in zip(*steps, strict=True):
+        assert abs(x["loss"] - y["loss"]) <= ENGINE_TOLERANCE * abs(y["loss"]), x["step"]
+    ours, theirs = weights(a), weights(b)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=ENGINE_TOLERANCE, atol=ENGINE_TOLERANCE, msg=name)
 
 
 def largest_batch(config: RunConfig, epochs: int = 3) -> int:
@@ -106,7 +118,7 @@ def test_streamed_training_reaches_the_offline_weights_and_keeps_few_files(tmp_p
     offline = run_config(tmp_path, "offline", merged, "offline")
     extract_flow(offline)
     assert train_draft(offline)["hidden_states"] == "offline"
-    assert_same_weights(weights(offline), weights(config))
+    assert_same_training(offline, config)
 
 
 def test_cache_keeps_the_budget_and_asks_only_what_it_lacks(tmp_path, merged, streamed):
@@ -125,7 +137,7 @@ def test_cache_keeps_the_budget_and_asks_only_what_it_lacks(tmp_path, merged, st
     longest = max(len(r["input_ids"]) for r in merged[1])
     engine_files = PREFETCH * max(TRAIN["batch_tokens"], longest) * 4 * 576 * 4  # the connector's (T, 4, H) in fp32
     assert result["peak_bytes"] <= budget + engine_files
-    assert_same_weights(weights(cached), weights(config))
+    assert_same_training(cached, config)
 
 
 def test_a_full_disk_while_caching_falls_back_to_streaming(tmp_path, merged, streamed, monkeypatch, caplog):
@@ -136,7 +148,7 @@ def test_a_full_disk_while_caching_falls_back_to_streaming(tmp_path, merged, str
     assert result["cache_full"] and result["step"] == TRAIN["max_steps"]
     assert "the disk is full" in caplog.text
     assert len(list((full.run_dir / "draft" / "states-cache").glob("*.safetensors"))) == 2  # the two written before
-    assert_same_weights(weights(full), weights(streamed[0]))
+    assert_same_training(full, streamed[0])
 
 
 def test_kill_9_mid_stream_resumes_at_the_same_batch_to_the_same_weights(tmp_path, merged, streamed):
@@ -156,7 +168,7 @@ def test_kill_9_mid_stream_resumes_at_the_same_batch_to_the_same_weights(tmp_pat
     steps = [json.loads(m)["step"] for m in (config.run_dir / "draft" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, TRAIN["max_steps"] + 1))
     assert result["asked_tokens"] < streamed[1]["asked_tokens"]  # the batches before the checkpoint are not asked again
-    assert_same_weights(weights(config), weights(streamed[0]))
+    assert_same_training(config, streamed[0])
 
 
 def test_a_dead_engine_is_restarted_and_the_batch_asked_again(tmp_path, merged, streamed, monkeypatch):
@@ -166,7 +178,7 @@ def test_a_dead_engine_is_restarted_and_the_batch_asked_again(tmp_path, merged, 
     result = train_draft(config)
     assert result["engine_restarts"] == 1 and result["step"] == TRAIN["max_steps"]
     assert (config.run_dir / "draft" / "engine.died-1.log").stat().st_size > 0
-    assert_same_weights(weights(config), weights(streamed[0]))
+    assert_same_training(config, streamed[0])
 
     # An engine that dies every time: one restart allowed, then a failure that names the engine's log.
     monkeypatch.setenv("DRAFTSMITH_FAILPOINTS", "extract.engine=fire@2+")
@@ -183,4 +195,4 @@ def test_auto_streams_when_the_shards_do_not_fit_and_says_so(tmp_path, merged, s
     plan = plan_hidden_states(config)
     assert plan.mode == "stream" and f"{plan.offline_bytes:,} B" in plan.line()
     assert train_draft(config)["hidden_states"] == "stream"
-    assert_same_weights(weights(config), weights(streamed[0]))
+    assert_same_training(config, streamed[0])
