@@ -100,7 +100,7 @@ class VllmBackend:
         longest = min(self.info.max_positions, config.target.max_length + 1)  # each row plus the one token generated
         self._server_args = (options, longest)
         self.server = VllmServer(config, log or self.store / "server.log", options, longest)
-        self.restarts_left, self.restarts = restarts, 0
+        self.restart_limit, self.restarts = restarts, 0
         self._generation, self._lock, self._retired = 0, threading.Lock(), []
         self.busy_s, self._in_flight, self._busy_since = 0.0, 0, 0.0  # wall seconds with a request in flight
         self.client = httpx.Client(base_url=self.server.start(), timeout=3600)
@@ -139,7 +139,7 @@ class VllmBackend:
             if not self.server.dead():
                 raise error  # the server lives: a transport error of its own, not a death
             self.server.stop()
-            if self.restarts >= self.restarts_left:
+            if self.restarts >= self.restart_limit:
                 raise EngineDied(
                     f"vLLM engine died ({type(error).__name__}: {error}) after {self.restarts} restart(s), the limit; "
                     f"its log: {self.server.log}"
@@ -147,7 +147,7 @@ class VllmBackend:
             self.restarts += 1
             died = self.server.log.with_name(f"{self.server.log.stem}.died-{self.restarts}.log")
             self.server.log.replace(died)
-            log.warning("vLLM engine died (%s); restart %d of %d (its log: %s)", error, self.restarts, self.restarts_left, died)
+            log.warning("vLLM engine died (%s); restart %d of %d (its log: %s)", error, self.restarts, self.restart_limit, died)
             # A new server on a new port, and a new client: a request still on its way to the dead one can never reach
             # the new one while it starts, and the old client is closed only at the end (closing a connection another
             # thread is reading from would leave that thread blocked).
