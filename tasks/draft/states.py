@@ -93,7 +93,7 @@ def plan_hidden_states(config: RunConfig, hidden_size: int | None = None) -> Sta
     budget and the free disk (shards already written count as room: they are what would be rewritten), else stream.
     `hidden_size` overrides the target's width (to plan for a larger model on the same rows)."""
     tc = config.train
-    tokens = int(pc.sum(read_merged(config).column("num_tokens")).as_py() or 0)
+    tokens = int(pc.sum(read_merged(config, ["num_tokens"]).column("num_tokens")).as_py() or 0)  # not the rows' ids
     width = hidden_size or read_target_info(config).hidden_size
     storage = config.extract.storage_dtype
     need = tokens * bytes_per_token(width, storage)

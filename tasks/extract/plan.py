@@ -45,12 +45,12 @@ def aux_layer_ids(config: RunConfig, info: TargetInfo) -> list[int]:
     return check_aux_layer_ids(ids, info.num_hidden_layers)
 
 
-def read_merged(config: RunConfig) -> pa.Table:
-    """Train and eval rows of the merge stage (a missing eval split reads as empty)."""
+def read_merged(config: RunConfig, columns: list[str] | None = None) -> pa.Table:
+    """Train and eval rows of the merge stage (a missing eval split reads as empty); `columns`: only those."""
     root = stage_dir(config, "merge")
     if not (root / "train").exists():
         raise FileNotFoundError(f"extract: no merged train split at {root / 'train'}; run the merge stage first")
-    tables = [read_table("merged", root / split) for split in SPLITS if (root / split).exists()]
+    tables = [read_table("merged", root / split, columns=columns) for split in SPLITS if (root / split).exists()]
     return pa.concat_tables(tables)
 
 
