@@ -23,6 +23,10 @@ class DraftShape(StrictModel):
     """EAGLE-3.1: each unrolled step feeds the next the post-norm hidden state (logits always read it)."""
     norm_before_fc: bool = False
     """One RMSNorm over the whole concatenation before `fc` (tensor input_norm.weight); not together with fc_norm."""
+    parallel_drafting: bool = False
+    """P-EAGLE: every unrolled step after the first reads a mask token and a learned `mask_hidden` (tensor
+    mask_hidden, config mask_token_id) instead of the step before, so vLLM drafts all k tokens in one forward
+    (served with `"parallel_drafting": true`; SGLang does not serve it)."""
 
     @model_validator(mode="after")
     def _one_input_norm(self) -> DraftShape:
@@ -31,10 +35,15 @@ class DraftShape(StrictModel):
                 "fc_norm (on by default) and norm_before_fc both normalize the aux states before fc:"
                 " set fc_norm: false to use norm_before_fc"
             )
+        if self.parallel_drafting and self.arch != "llama":
+            raise ValueError(
+                "train.draft.parallel_drafting needs arch: llama (vLLM's MLA draft has no mask_hidden to serve it with)"
+            )
         return self
 
 
 HiddenStates = Literal["auto", "offline", "stream", "cache", "online"]
+Loss = Literal["soft_ce", "tv", "lk"]
 
 
 class TrainConfig(StrictModel):
@@ -56,6 +65,12 @@ class TrainConfig(StrictModel):
     """Training-time test: unrolled steps, each feeding back the draft's own hidden state."""
     ttt_decay: float = Field(0.8, gt=0, le=1)
     """Weight of step i's loss is decay**i."""
+    loss: Loss = "soft_ce"
+    """Each position's loss against the target's distribution p on the draft vocabulary (tasks/draft/ttt.py), q the
+    draft's: soft_ce −Σ p log q (EAGLE-3's); tv 1 − α, α = Σ min(p, q) the chance a sampled draft token is accepted;
+    lk λ·KL(p‖q) + (1 − λ)·(1 − α), λ = exp(−lk_eta · mean α) per unrolled step (the LK losses' hybrid)."""
+    lk_eta: float = Field(3.0, gt=0)
+    """lk: how fast the KL term gives way to acceptance as the step's mean α rises."""
     lr: float = Field(1e-4, gt=0)
     """Peak AdamW learning rate (EAGLE-3's 1e-4)."""
     adam_betas: tuple[float, float] = (0.9, 0.95)

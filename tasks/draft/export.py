@@ -2,7 +2,8 @@
 
 `config.json` is a Llama config with one layer (a DeepSeek-V3 one for an MLA draft) plus the EAGLE-3 fields and
 EAGLE-3.1's switches; `model.safetensors` holds exactly `fc.weight` (and `fc_norm.{i}.weight` for 3.1),
-`midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t` and `t2d`: no embedding, the engines take the target's.
+`midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t` and `t2d` (and P-EAGLE's `mask_hidden`, (1, 3·H_t), with
+`mask_token_id` and `parallel_drafting: true` in the config): no embedding, the engines take the target's.
 One export serves both engines when the aux layers are EAGLE-3's default
 (the layer ids are then left out, and each engine captures its default), and when the draft vocabulary
 is the whole vocabulary `d2t` is left out (vLLM then has no parameter to load it into and refuses it).
@@ -78,6 +79,9 @@ def export_config(
         "fc_norm": cfg.fc_norm,
         "norm_output": cfg.norm_output,
         "norm_before_fc": cfg.norm_before_fc,
+        # P-EAGLE: vLLM reads mask_token_id; it serves the draft in parallel only when told ("parallel_drafting": true
+        # in its speculative config), which draftsmith's evaluate reads from this flag.
+        **({"parallel_drafting": True, "mask_token_id": cfg.mask_token_id} if cfg.parallel_drafting else {}),
         "eos_token_id": eos_token_id,
         "torch_dtype": dtype,
         "eagle_config": eagle,

@@ -1,7 +1,9 @@
 """The EAGLE-3 draft: `fc` fuses three target layers, one decoder layer with 2H attention input, `lm_head`.
 
 The layer's attention is Llama's or DeepSeek-V2's latent attention (MLA); EAGLE-3.1's switches add a norm per
-fused state (`fc_norm`) and feed the next unrolled step the post-norm state (`norm_output`). Names follow what
+fused state (`fc_norm`) and feed the next unrolled step the post-norm state (`norm_output`). A P-EAGLE draft
+(`parallel_drafting`) drafts every step after the first from a mask token and a learned `mask_hidden` instead of
+the step before, so an engine proposes all k tokens in one forward. Names follow what
 SGLang's and vLLM's eagle3 loaders read, so the state dict (minus the frozen target embedding) is the export.
 Shapes: B batch, T tokens, H draft hidden, H_t target hidden, N draft vocab, V target vocab.
 """
@@ -37,6 +39,8 @@ class DraftConfig:
     fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per captured state before fc
     norm_output: bool = False  # EAGLE-3.1: the next step reads the post-norm state
     norm_before_fc: bool = False  # one RMSNorm over the concatenated states before fc
+    parallel_drafting: bool = False  # P-EAGLE: steps after the first read mask_token_id and mask_hidden
+    mask_token_id: int | None = None  # P-EAGLE: the token the masked slots embed (the target's embedding of it)
     # MLA only: the latent ranks and per-head widths (DeepSeek-V3's names).
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
@@ -78,6 +82,8 @@ class DraftConfig:
                 "v_head_dim": head_dim,
             }
             values |= {k: getattr(target_config, k, None) or v for k, v in derived.items()}
+        if values.get("parallel_drafting") and values.get("mask_token_id") is None:
+            values["mask_token_id"] = mask_token(target_config)
         known = {f.name for f in fields(cls)}
         for key, value in (overrides or {}).items():
             if key not in known:
@@ -89,6 +95,17 @@ class DraftConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def mask_token(target_config: Any) -> int:
+    """The id P-EAGLE's masked slots embed: the target's pad token, else its (first) end token. The draft shares the
+    target's frozen embedding, so the slots learn through `mask_hidden`; the id only has to be a valid row."""
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(target_config, name, None)
+        value = value[0] if isinstance(value, list | tuple) and value else value
+        if isinstance(value, int) and 0 <= value < target_config.vocab_size:
+            return value
+    return 0
 
 
 class RMSNorm(nn.Module):
@@ -265,6 +282,8 @@ class Eagle3Draft(nn.Module):
         for module in (self.fc, self.lm_head, *self.midlayer.modules()):
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.02)
+        if cfg.parallel_drafting:  # P-EAGLE: the aux states every masked slot reads (vLLM's name and shape)
+            self.mask_hidden = nn.Parameter(torch.randn(1, AUX_STATES * cfg.target_hidden_size) * 0.02)
 
     def state_dict(self, *args, **kwargs):
         state = super().state_dict(*args, **kwargs)
@@ -285,6 +304,11 @@ class Eagle3Draft(nn.Module):
         if self.cfg.fc_norm:  # each captured state normalised on its own
             x = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, x.chunk(AUX_STATES, dim=-1), strict=True)], -1)
         return self.fc(x)
+
+    def masked(self, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """P-EAGLE's input for (B, T) masked slots: the mask token ids (B, T) and fuse(mask_hidden) (B, T, H)."""
+        ids = torch.full(shape, self.cfg.mask_token_id, dtype=torch.long, device=self.mask_hidden.device)
+        return ids, self.fuse(self.mask_hidden).expand(*shape, -1)
 
     def step(
         self,
@@ -315,7 +339,8 @@ class Eagle3Draft(nn.Module):
         """Unroll `steps` draft steps; returns each step's logits (B, T, N).
 
         aux (B, T, 3*H_t) and tokens (B, T) feed step 0; step i reads position + i. Later steps read the
-        previous step's hidden state and either its argmax token or `next_tokens[i - 1]` when given.
+        previous step's hidden state and either its argmax token or `next_tokens[i - 1]` when given; a P-EAGLE draft's
+        read the mask inputs, attending to the real context and the masked slots before them, as vLLM serves it.
         """
         hidden = self.fuse(aux)  # (B, T, 3*H_t) -> (B, T, H)
         cache: list = []
@@ -323,7 +348,9 @@ class Eagle3Draft(nn.Module):
         for i in range(steps):
             hidden, logits = self.step(tokens, hidden, positions + i, cache)
             out.append(logits)
-            if i + 1 < steps:
+            if self.cfg.parallel_drafting:
+                tokens, hidden = self.masked(tokens.shape)
+            elif i + 1 < steps:
                 tokens = next_tokens[i] if next_tokens is not None else self.to_target(logits.argmax(-1))
         return out
 

@@ -257,7 +257,7 @@ def _train(config: RunConfig, pieces: TargetPieces, source, layer_ids, rank: int
             batch = {k: v.to(device) for k, v in batch.items()}
             batch["in_vocab"] = _in_vocab(mine, lengths, batch, in_vocab_cache, in_vocab_head, draft.t2d)
             with autocast:
-                scores = unroll(model, batch, draft_lm_head, tc.ttt_steps, tc.ttt_feed)
+                scores = unroll(model, batch, draft_lm_head, tc.ttt_steps, tc.ttt_feed, tc.loss, tc.lk_eta)
             totals = torch.stack([torch.stack([s.count, s.correct, s.loss_sum.detach(), s.trained, s.chained]) for s in scores])
             if world > 1:
                 dist.all_reduce(totals)

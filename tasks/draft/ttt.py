@@ -6,7 +6,11 @@ restricted to the draft vocab. Positions whose target argmax is outside the draf
 predicted token is not trained (loss_mask 0), are masked. Accuracy is counted both over the positions
 trained on and over every position whose token is trained, out-of-vocabulary ones as misses
 (SpecForge's denominator, what acceptance sees), and chained across steps for τ_sim (an estimate of the
-acceptance length while training).
+acceptance length while training). A P-EAGLE draft unrolls the same way from its mask inputs (model.py).
+
+Each position's loss (`train.loss`) compares p, the target's distribution renormalised on the draft vocabulary,
+with q, the draft's: soft cross-entropy, or one that aims at acceptance: α = Σ min(p, q) is the chance a token
+sampled from q is accepted against p (1 − TV(p, q)).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch.nn.functional as F
 class StepScores:
     """Sums over the local batch for one unrolled step; divide by a (global) count for means."""
 
-    loss_sum: torch.Tensor  # soft cross-entropy summed over valid positions (carries grad)
+    loss_sum: torch.Tensor  # `train.loss` summed over valid positions (carries grad)
     count: torch.Tensor  # valid positions
     correct: torch.Tensor  # valid positions whose draft argmax equals the target argmax
     trained: torch.Tensor  # positions whose token is trained, draftable or not
@@ -49,18 +53,42 @@ def target_in_vocab(final: torch.Tensor, lm_head: torch.Tensor, t2d: torch.Tenso
     return t2d[torch.cat(tops)] if tops else torch.zeros(0, dtype=torch.bool, device=final.device)
 
 
+def position_loss(kind: str, p: torch.Tensor, logits: torch.Tensor, valid: torch.Tensor, eta: float = 3.0) -> torch.Tensor:
+    """Each position's loss. p (..., N) the target's distribution, logits (..., N) the draft's, valid (...) 0/1 the
+    positions trained on (lk's λ is their mean α). -> (...)
+
+    soft_ce: −Σ p log q. tv: 1 − α. lk: λ·KL(p‖q) + (1 − λ)·(1 − α) with λ = exp(−eta · mean α), held constant (no
+    gradient): KL leads while the draft is far from the target, acceptance once it is close.
+    """
+    log_q = F.log_softmax(logits.float(), dim=-1)
+    if kind == "soft_ce":
+        return -(p * log_q).sum(-1)
+    alpha = torch.minimum(p, log_q.exp()).sum(-1)
+    if kind == "tv":
+        return 1.0 - alpha
+    if kind != "lk":
+        raise ValueError(f"train.loss: unknown loss {kind!r}; known: soft_ce, tv, lk")
+    kl = (torch.xlogy(p, p) - p * log_q).sum(-1)
+    with torch.no_grad():
+        lam = torch.exp(-eta * (alpha * valid).sum() / valid.sum().clamp(min=1))
+    return lam * kl + (1.0 - lam) * (1.0 - alpha)
+
+
 def unroll(
     draft: torch.nn.Module,
     batch: dict[str, torch.Tensor],
     draft_lm_head: torch.Tensor,
     steps: int,
     feed: str = "predicted",
+    loss: str = "soft_ce",
+    eta: float = 3.0,
 ) -> list[StepScores]:
     """Run the training-time test on a padded batch; `draft` is an `Eagle3Draft`, possibly DDP-wrapped.
 
     batch: input_ids (B, T), loss_mask (B, T), aux (B, T, 3*H_t), final (B, T, H_t), in_vocab (B, T) bool.
     draft_lm_head: the target's lm_head rows of the draft vocab, (N, H_t).
-    feed: "predicted" feeds back the draft's own argmax token; "data" feeds the next data token.
+    feed: "predicted" feeds back the draft's own argmax token; "data" feeds the next data token (a P-EAGLE draft
+    reads neither). loss, eta: `position_loss`'s.
     """
     ids, mask = batch["input_ids"], batch["loss_mask"]
     B, T = ids.shape
@@ -80,11 +108,11 @@ def unroll(
     for i, logits in enumerate(step_logits):  # (B, T, N)
         valid = shift_left(base, 1 + i)  # (B, T)
         p = shift_left(target_p, 1 + i)  # (B, T, N)
-        ce = -(p * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # (B, T)
+        per = position_loss(loss, p, logits, valid, eta)  # (B, T)
         hit = (logits.argmax(-1) == shift_left(target_top, 1 + i)).float()
         every = shift_left(trained, 1 + i).sum()
         chain = chain * hit.detach() * valid
-        scores.append(StepScores((ce * valid).sum(), valid.sum().detach(), (hit * valid).sum().detach(), every, chain.sum()))
+        scores.append(StepScores((per * valid).sum(), valid.sum().detach(), (hit * valid).sum().detach(), every, chain.sum()))
     return scores
 
 

@@ -66,6 +66,8 @@ def propose(draft: Eagle3Draft, tokens: torch.Tensor, aux: torch.Tensor, start: 
 
     tokens (1, L + 1) all ids so far; aux (1, L, 3*H_t) the target states of the first L positions;
     positions before `start` are already in `past` (step-0 keys/values). Returns (ids, new past).
+    A P-EAGLE draft drafts ids 2..k in one more forward: k - 1 masked slots after the last position, attending
+    causally to the context and to each other, as vLLM runs them.
     """
     L = aux.shape[1]
     positions = torch.arange(start, L, device=aux.device)[None]  # (1, L - start)
@@ -74,6 +76,11 @@ def propose(draft: Eagle3Draft, tokens: torch.Tensor, aux: torch.Tensor, start: 
     hidden, logits = draft.step(tokens[:, start + 1 : L + 1], hidden, positions, cache, past)
     past = cache[0]
     ids = [int(draft.to_target(logits[0, -1].argmax()))]
+    if draft.cfg.parallel_drafting and k > 1:
+        masked, hidden = draft.masked((1, k - 1))
+        slots = torch.arange(L, L + k - 1, device=aux.device)[None]  # (1, k - 1)
+        _, logits = draft.step(masked, hidden, slots, [], past)
+        return ids + draft.to_target(logits[0].argmax(-1)).tolist(), past
     hidden = hidden[:, -1:]  # later steps draft from the last position only
     for i in range(1, k):
         hidden, logits = draft.step(torch.tensor([[ids[-1]]], device=aux.device), hidden, positions[:, -1:] + i, cache)

@@ -21,7 +21,8 @@ ACCEPTED_AT = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 
 def speculative_options(export_dir: Path, k: int) -> list[str]:
-    """Serve `export_dir` as an EAGLE-3 draft, refusing an export whose layer ids are written for SGLang."""
+    """Serve `export_dir` as an EAGLE-3 draft (a P-EAGLE one drafting in parallel), refusing an export whose layer
+    ids are written for SGLang."""
     exported = json.loads((Path(export_dir) / "config.json").read_text(encoding="utf-8"))
     if (exported.get("draftsmith") or {}).get("layer_id_convention") == "sglang":
         raise ValueError(
@@ -29,6 +30,8 @@ def speculative_options(export_dir: Path, k: int) -> list[str]:
             "export with train.export_engine: vllm (or EAGLE-3's default layers) to evaluate with vLLM"
         )
     method = {"method": "eagle3", "model": str(Path(export_dir).resolve()), "num_speculative_tokens": k}
+    if exported.get("parallel_drafting"):
+        method["parallel_drafting"] = True
     return ["--speculative-config", json.dumps(method)]
 
 

@@ -51,6 +51,7 @@ def test_the_default_draft_is_eagle31_and_both_input_norms_are_refused():
         "fc_norm": True,
         "norm_output": True,
         "norm_before_fc": False,
+        "parallel_drafting": False,
     }
     for both in ({"norm_before_fc": True}, {"fc_norm": True, "norm_before_fc": True}):
         with pytest.raises(ValueError, match="set fc_norm: false to use norm_before_fc"):
