@@ -166,19 +166,24 @@ def test_evaluate_on_vllm_loads_the_export_as_is_and_agrees_on_tau(tmp_path, dem
 
 @pytest.mark.parametrize(
     "shape",
-    [{"fc_norm": True, "norm_output": True}, {"arch": "mla", "fc_norm": True, "norm_output": True}],
-    ids=["3.1", "mla-3.1"],
+    [
+        {"fc_norm": True, "norm_output": True},
+        {"arch": "mla", "fc_norm": True, "norm_output": True},
+        {"fc_norm": True, "norm_output": True, "parallel_drafting": True},
+    ],
+    ids=["3.1", "mla-3.1", "p-eagle"],
 )
 def test_vllm_serves_the_newer_draft_shapes_as_trained(tmp_path, demo_tokenizer, demo_model, plain_server, shape):
-    """An EAGLE-3.1 export (fc_norm, norm_output) and an MLA one (`Eagle3DeepseekV2ForCausalLM`) served unedited by
-    vLLM: its speculative output is its greedy output and its τ is draftsmith's within 0.05. For the demo's Llama
-    target vLLM's CPU build loads the MLA draft, then refuses the pair (no KV block size both backends take)."""
+    """An EAGLE-3.1 export (fc_norm, norm_output), an MLA one (`Eagle3DeepseekV2ForCausalLM`) and a P-EAGLE one
+    (drafting in parallel) served unedited by vLLM: its speculative output is its greedy output and its τ is
+    draftsmith's within 0.05. For the demo's Llama target vLLM's CPU build loads the MLA draft, then refuses the pair
+    (no KV block size both backends take)."""
     from tasks.draft.stage import run_train
     from tasks.draft.train import pieces_from_model
     from tasks.evaluate.stage import evaluate_draft
     from tests.tasks.draft_fixture import write_run
 
-    name = "mla" if shape.get("arch") == "mla" else "v31"
+    name = "mla" if shape.get("arch") == "mla" else "peagle" if shape.get("parallel_drafting") else "v31"
     write_run(tmp_path / name, demo_tokenizer, demo_model, n_eval=6)
     train = {"draft_vocab_size": 512, "ttt_steps": 3, "batch_tokens": 256, "lr": 3e-3, "max_steps": 40, "draft": shape}
     evaluate = {"num_prompts": 6, "max_new_tokens": 24, "num_draft_tokens": 3, "min_tau_gain": None}
@@ -201,6 +206,9 @@ def test_vllm_serves_the_newer_draft_shapes_as_trained(tmp_path, demo_tokenizer,
         assert drafter.index("Loading weights took") < drafter.index(refusal)
         FIGURES["mla export on vLLM CPU (Llama target)"] = f"weights loaded, then refused: {refusal}"
         return
+    if name == "peagle":  # vLLM ran it as P-EAGLE, mask_hidden loaded, not as a chain that skips it
+        log = (tmp_path / name / "eval-vllm" / "vllm-draft.log").read_text()
+        assert "'parallel_drafting': True" in log and "Skipping loading mask_hidden" not in log
     FIGURES[f"{name} export: τ draftsmith / vLLM; identical to greedy"] = (
         f"{ours['acceptance_length']:.3f} / {theirs['acceptance_length']:.3f}; {theirs['identical']}/{theirs['prompts']}"
     )
