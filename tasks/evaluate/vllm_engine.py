@@ -61,14 +61,28 @@ def decode_served(
     """Each prompt decoded greedily by one server; per prompt its result (rounds counted when drafting) and seconds."""
     ec = config.evaluate
     k = ec.num_draft_tokens if options else 0
-    longest = config.target.max_length + ec.max_new_tokens + ec.num_draft_tokens + 1
+    with VllmServer(config, log, options, served_length(config)) as server:
+        return decode_on(server, config, prompts, eos_ids, k)
+
+
+def served_length(config: RunConfig) -> int:
+    """--max-model-len for the evaluate servers: the longest prompt, reply and draft a round can hold."""
+    ec = config.evaluate
+    return config.target.max_length + ec.max_new_tokens + ec.num_draft_tokens + 1
+
+
+def decode_on(
+    server: VllmServer, config: RunConfig, prompts: list[list[int]], eos_ids: set[int], k: int
+) -> list[tuple[DecodeResult, float]]:
+    """The prompts one at a time on a running server (drafting k tokens, or none: k = 0); per prompt its result and
+    seconds."""
     out = []
-    with VllmServer(config, log, options, longest) as server, httpx.Client(base_url=server.url, timeout=600) as client:
+    with httpx.Client(base_url=server.url, timeout=600) as client:
         for prompt in prompts:
             body = {
                 "model": config.target.model,
                 "prompt": prompt,
-                "max_tokens": ec.max_new_tokens,
+                "max_tokens": config.evaluate.max_new_tokens,
                 "temperature": 0,
                 "stop_token_ids": sorted(eos_ids),
                 "return_token_ids": True,
