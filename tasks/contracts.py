@@ -9,6 +9,8 @@ that every row of a table has the same physical schema; token ids are typed list
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 
 
@@ -22,6 +24,9 @@ REPLY_COUNT_MISMATCH = "reply_count_mismatch"
 PROMPT_COUNT_MISMATCH = "prompt_count_mismatch"
 UNCOUNTED = "uncounted"
 COUNT_VERDICTS = (COUNT_VERIFIED, REPLY_COUNT_MISMATCH, PROMPT_COUNT_MISMATCH, UNCOUNTED)
+
+# A turn of a conversation regenerated turn by turn: `<conversation id>#t<k>` (tasks/generate/turns.py).
+TURN_ID = re.compile(r"#t\d+$")
 
 TOKEN_IDS = pa.list_(pa.int32())
 MASK = pa.list_(pa.int8())

@@ -57,6 +57,16 @@ class SourceConfig(StrictModel):
     the row's own last assistant turn as it is, with no request (every table marks its rows `origin: dataset`)."""
     counts: CountConvention | None = None
     """What the provider's token counts include for this source's replies; None: the default of generate.api.provider."""
+    regenerate: Literal["last", "each_turn"] = "last"
+    """last: the target answers the conversation's last user turn, after the dataset's own earlier turns. each_turn:
+    the target answers every user turn in order, each request carrying its own earlier replies (one row per turn,
+    journaled as `<id>#t<k>`); tool results are spliced in only after calls that match the recorded ones."""
+
+    @model_validator(mode="after")
+    def _regenerate_buys(self) -> SourceConfig:
+        if self.regenerate == "each_turn" and self.replies == "dataset":
+            raise ValueError(f"source {self.name!r}: regenerate: each_turn buys every turn; it needs replies: target")
+        return self
 
 
 class ApiConfig(StrictModel):

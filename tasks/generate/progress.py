@@ -61,6 +61,11 @@ class GenerationProgress:
         self._push(force=True)
         self._bar.stop()
 
+    def add(self, more: int) -> None:
+        """More requests to make (the next turns of conversations regenerated turn by turn)."""
+        self.total += more
+        self._bar.update(self._task, total=self.total)
+
     def update(self, record: dict) -> None:
         if record["status"] == "done":
             self.done += 1

@@ -26,6 +26,13 @@ class RunTally:
     unsent: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
+    def add(self, later: RunTally) -> None:
+        """Take in a later round of the same run (its cost already counts this one's)."""
+        self.done, self.failed, self.unsent = self.done + later.done, self.failed + later.failed, self.unsent + later.unsent
+        self.cost, self.stopped, self.stop_detail = later.cost, later.stopped, later.stop_detail
+        for kind, n in later.errors.items():
+            self.errors[kind] = self.errors.get(kind, 0) + n
+
 
 async def run_requests(
     prompts: Iterable[dict],

@@ -18,6 +18,7 @@ from typing import Any
 
 from tasks.config import ConfigError, SourceConfig
 from tasks.contracts import RowError, quarantine_row
+from tasks.generate.turns import first_turn
 from tasks.target_model.assets import AssetError, resolve_path
 
 log = logging.getLogger(__name__)
@@ -294,8 +295,9 @@ def load_source(cfg: SourceConfig, warn: bool = True) -> LoadedPrompts:
             messages, tools, given, reply = parse(record)
             if cfg.replies == "dataset" and reply is None:
                 raise RowError("no_reply", "messages", "replies: dataset needs the row to end with an assistant turn")
-            if cfg.max_prompt_chars is not None:
-                chars = sum(len(m.get("content") or "") for m in messages)
+            if cfg.max_prompt_chars is not None:  # each_turn: the first turn's prompt here, later ones as they come
+                sent = first_turn(messages + [reply] if reply else messages) if cfg.regenerate == "each_turn" else messages
+                chars = sum(len(m.get("content") or "") for m in sent)
                 if chars > cfg.max_prompt_chars:
                     raise RowError(
                         "prompt_too_long", "messages", f"prompt has {chars} chars > max_prompt_chars {cfg.max_prompt_chars}"
@@ -315,15 +317,17 @@ def load_source(cfg: SourceConfig, warn: bool = True) -> LoadedPrompts:
             )
             continue
         seen.add(row_id)
-        out.rows.append(
-            {
-                "id": row_id,
-                "source": cfg.name,
-                "messages": json.dumps(messages, ensure_ascii=False),
-                "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
-            }
-            | ({"reply": reply} if cfg.replies == "dataset" else {})
-        )
+        row = {
+            "id": row_id,
+            "source": cfg.name,
+            "messages": json.dumps(messages, ensure_ascii=False),
+            "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
+        }
+        if cfg.replies == "dataset":
+            row["reply"] = reply
+        elif cfg.regenerate == "each_turn":  # the whole conversation; tasks/generate/turns.py asks it turn by turn
+            row["conversation"] = messages + ([reply] if reply else [])
+        out.rows.append(row)
     return out
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tasks.generate.progress import GenerationProgress
 from tasks.generate.runner import RunTally, run_requests
 from tasks.generate.sources import STAGE, load_sources
 from tasks.generate.summary import publish_summary, summarize, write_summary
+from tasks.generate.turns import walk
 from tasks.stages import stage_dir
 from tasks.storage import write_table
 from tasks.target_model.serve.embedded import embedded_server
@@ -111,12 +113,48 @@ def output_row(record: dict) -> dict:
     return row
 
 
-def write_outputs(
-    gen_dir: Path, prompts: list[dict], state: JournalState, prompt_quarantine: list[dict], tally: RunTally | None
+def prompt_limits(config: RunConfig) -> dict[str, int | None]:
+    """max_prompt_chars by source name (each_turn checks every later turn against it as it is built)."""
+    return {s.name: s.max_prompt_chars for s in config.generate.sources}
+
+
+def conversation_rows(
+    prompt: dict, state: JournalState, limit: int | None, tally: RunTally | None, stops: Counter
 ) -> tuple[list[dict], list[dict], list[dict]]:
-    """Build the output shards and quarantine table from the journal; returns (rows, failures, quarantine)."""
-    rows, failures, quarantine = [], [], list(prompt_quarantine)
+    """An each_turn conversation's rows (one per journaled turn), its failure, and why it stopped short, if it did."""
+    walked = walk(prompt, state, limit)
+    rows = [output_row(r) for r in walked.records]
+    failures, quarantine = [], []
+    if walked.stop:
+        stops[walked.stop] += 1
+        if walked.stopped_at in state.failed:
+            failures.append(state.failed[walked.stopped_at])
+        turn = walked.stopped_at
+        quarantine.append(quarantine_row(STAGE, turn, prompt["source"], walked.stop, walked.detail, "reply", "journal"))
+    elif walked.next_prompt is not None:
+        stops["not_sent"] += 1
+        why = f"run stopped ({tally.stop_detail})" if tally and tally.stopped else "not sent"
+        turn = walked.next_prompt["id"]
+        quarantine.append(quarantine_row(STAGE, turn, prompt["source"], "not_sent", f"{why}; a rerun sends it", None, None))
+    return rows, failures, quarantine
+
+
+def write_outputs(
+    gen_dir: Path,
+    prompts: list[dict],
+    state: JournalState,
+    prompt_quarantine: list[dict],
+    tally: RunTally | None,
+    limits: dict[str, int | None] | None = None,
+) -> tuple[list[dict], list[dict], list[dict], Counter]:
+    """Build the output shards and quarantine table from the journal; returns (rows, failures, quarantine, and why
+    conversations regenerated turn by turn stopped short)."""
+    rows, failures, quarantine, stops = [], [], list(prompt_quarantine), Counter()
     for prompt in prompts:
+        if "conversation" in prompt:
+            turns = conversation_rows(prompt, state, (limits or {}).get(prompt["source"]), tally, stops)
+            rows, failures, quarantine = rows + turns[0], failures + turns[1], quarantine + turns[2]
+            continue
         record = dataset_record(prompt) if "reply" in prompt else state.done.get(prompt["id"])
         failure = state.failed.get(prompt["id"])
         if record is not None and has_reply(record):
@@ -152,7 +190,7 @@ def write_outputs(
     for stale in sorted(gen_dir.glob("part-*.parquet"))[len(parts) :]:
         stale.unlink()
     write_table("quarantine", quarantine, gen_dir / "quarantine.parquet")
-    return rows, failures, quarantine
+    return rows, failures, quarantine, stops
 
 
 def to_request(config: RunConfig, force: bool = False) -> tuple:
@@ -162,8 +200,23 @@ def to_request(config: RunConfig, force: bool = False) -> tuple:
         raise NoRowsError(f"generate.sources is empty: {NO_SOURCES}")
     loaded = load_sources(config.generate.sources)
     state = read_journal(stage_dir(config, "generate") / "journal.jsonl", repair=True)
+    return loaded, state, due(config, loaded.rows, state, force)
+
+
+def due(config: RunConfig, prompts: list[dict], state: JournalState, force: bool = False) -> list[dict]:
+    """The requests the journal lacks: each prompt's, and the next turn of each conversation regenerated turn by
+    turn (asked once the turn before it is in the journal). `force`: also those that failed for good."""
     settled = set(state.done) if force else state.settled
-    return loaded, state, [p for p in loaded.rows if p["id"] not in settled and "reply" not in p]
+    limits = prompt_limits(config)
+    out = []
+    for p in prompts:
+        if "conversation" in p:
+            p = walk(p, state, limits.get(p["source"])).next_prompt
+            if p is None:
+                continue
+        if p["id"] not in settled and "reply" not in p:
+            out.append(p)
+    return out
 
 
 def run_generate(config: RunConfig, force: bool = False) -> dict:
@@ -188,16 +241,27 @@ def run_generate(config: RunConfig, force: bool = False) -> dict:
         api_key = resolve_api_key(gen.api)
         spent = sum(r.get("cost") or 0.0 for r in state.done.values())
         with endpoint(config, gen_dir) as base_url:
-            tally = asyncio.run(_request_all(config, base_url, api_key, pending, journal_path, spent))
+
+            def next_turns() -> list[dict]:
+                return due(config, loaded.rows, read_journal(journal_path), force)
+
+            tally = asyncio.run(_request_all(config, base_url, api_key, pending, journal_path, spent, next_turns))
         state = read_journal(journal_path)
-    rows, failures, quarantine = write_outputs(gen_dir, loaded.rows, state, loaded.quarantine, tally)
+    limits = prompt_limits(config)
+    rows, failures, quarantine, stops = write_outputs(gen_dir, loaded.rows, state, loaded.quarantine, tally, limits)
+    requested = tally.done + tally.failed + tally.unsent if tally else 0  # every request due, turns included
     extra = {
         "prompts": len(loaded.rows),
-        "requested_this_run": len(pending),
+        "requested_this_run": requested,
         "from_journal": len(loaded.rows) - borrowed - len(pending),
         "stopped": tally.stopped if tally else None,
         "torn_journal_lines": state.torn_lines,
     }
+    if any("conversation" in p for p in loaded.rows):
+        conversations = [p for p in loaded.rows if "conversation" in p]
+        extra["conversations"] = len(conversations)
+        extra["conversations_complete"] = len(conversations) - sum(stops.values())
+        extra["conversation_stops"] = dict(stops.most_common())
     summary = summarize(rows, failures, quarantine, extra)
     write_summary(summary, gen_dir / "summary.json")
     publish_summary(summary)
@@ -211,25 +275,41 @@ def run_generate(config: RunConfig, force: bool = False) -> dict:
         # Source rows refused before any request (too long, malformed): prompts skipped, not replies lost.
         "skipped_prompts": len(loaded.quarantine),
         "quarantined": len(quarantine) - len(loaded.quarantine),
-        "requested_this_run": len(pending),
+        "requested_this_run": requested,
         "error_rate": summary["error_rate"],
         "stopped": summary["stopped"],
     }
 
 
 async def _request_all(
-    config: RunConfig, base_url: str, api_key: str | None, pending: list[dict], journal_path: Path, spent: float
+    config: RunConfig,
+    base_url: str,
+    api_key: str | None,
+    pending: list[dict],
+    journal_path: Path,
+    spent: float,
+    next_turns: Callable[[], list[dict]],
 ) -> RunTally:
+    """Ask for `pending`, then in rounds for what became due (the next turns of conversations regenerated turn by
+    turn, each asked once the turn before it is journaled) until nothing is due or the run stops."""
     gen = config.generate
     client = ChatClient(gen.api, gen.request, config.target.model, api_key, base_url)
+    tally = RunTally(cost=spent)
     try:
         progress = GenerationProgress(len(pending), concurrency=gen.api.concurrency)
         with JournalWriter(journal_path, gen.journal_batch) as journal, progress:
             ticker = asyncio.create_task(progress.log_every())
             try:
-                return await run_requests(
-                    pending, client, journal, gen.api.concurrency, gen.budget_usd, spent, on_record=progress.update
-                )
+                asked = {p["id"] for p in pending}
+                while pending and not tally.stopped:
+                    concurrency, budget = gen.api.concurrency, gen.budget_usd
+                    done = await run_requests(pending, client, journal, concurrency, budget, tally.cost, progress.update)
+                    tally.add(done)
+                    # Asked once per run, like every prompt: a turn that failed for now waits for a rerun.
+                    pending = [] if done.stopped else [p for p in next_turns() if p["id"] not in asked]
+                    asked |= {p["id"] for p in pending}
+                    progress.add(len(pending))
+                return tally
             finally:
                 ticker.cancel()
                 progress.log_line()

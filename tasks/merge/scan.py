@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.config import MergeSourceConfig
-from tasks.contracts import COUNT_VERDICTS, REPLY_COUNT_MISMATCH, UNCOUNTED, ContractError, schema
+from tasks.contracts import COUNT_VERDICTS, REPLY_COUNT_MISMATCH, TURN_ID, UNCOUNTED, ContractError, schema
 from tasks.merge.filters import KEPT, BatchView, check_rows, quarantine_records
 from tasks.merge.hashing import hash_strings, hash_token_lists, normalise_prompts, shuffle_key
 from tasks.merge.shuffle import BUCKET_SCHEMA, BucketStore
@@ -101,11 +101,14 @@ def verdicts_of(batch: pa.RecordBatch) -> np.ndarray:
 
 
 def priorities(ids: pa.Array, source_index: np.ndarray, keys: list[bytes]) -> np.ndarray:
-    """Seeded shuffle digest per row, keyed by its source so that each source draws independently."""
+    """Seeded shuffle digest per row, keyed by its source so that each source draws independently. The turns of a
+    conversation regenerated turn by turn (`<id>#t<k>`) share their conversation's digest: one split holds them all,
+    so no held-out prompt carries a trained reply."""
     out = np.zeros(len(ids), dtype=np.uint64)
+    conversations = pc.replace_substring_regex(ids, TURN_ID.pattern, "")
     for index in np.unique(source_index).tolist():
         mine = source_index == index
-        out[mine] = hash_strings(ids.filter(pa.array(mine)), key=keys[index])
+        out[mine] = hash_strings(conversations.filter(pa.array(mine)), key=keys[index])
     return out
 
 

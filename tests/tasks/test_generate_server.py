@@ -183,6 +183,36 @@ def test_stage_over_the_embedded_server_stores_ground_truth(served, tmp_path, de
     assert report["server_timed_rows"] == 3 and report["server_p50_s"] <= report["latency_p50_s"]
 
 
+def test_a_conversation_regenerated_turn_by_turn_sends_the_targets_own_replies(served, tmp_path, demo_tokenizer):
+    """Checked where the target reads it: turn 2's prompt ids, as the server tokenized them, hold turn 1's generated
+    ids (its end-of-turn token included) and not the dataset's reply."""
+    prompts = tmp_path / "c.jsonl"
+    turns = [
+        {"role": "user", "content": "Name a fruit."},
+        {"role": "assistant", "content": "DATASET-REPLY-ONE"},
+        {"role": "user", "content": "And a vegetable?"},
+        {"role": "assistant", "content": "DATASET-REPLY-TWO"},
+    ]
+    prompts.write_text(json.dumps({"id": "conv", "messages": turns}) + "\n")
+    config = RunConfig(
+        name="turns",
+        runs_dir=tmp_path,
+        generate=GenerateConfig(
+            sources=[SourceConfig(name="t", format="openai", path=str(prompts), regenerate="each_turn")],
+            api=ApiConfig(base_url=served, provider="vllm", api_key_env=None, concurrency=2),
+            request=RequestConfig(max_tokens=MAX_TOKENS, temperature=0, return_token_ids=True),
+        ),
+    )
+    summary = run_generate(config)
+    rows = {r["id"]: r for r in read_table("generations", tmp_path / "turns" / "generations").to_pylist()}
+    first, second = rows["t:conv#t1"], rows["t:conv#t2"]
+    assert summary["rows"] == 2 and json.loads(second["messages"])[1]["content"] == first["content"]
+    replied = first["token_ids"] if first["finish_reason"] == "stop" else first["token_ids"] + [demo_tokenizer.eos_token_id]
+    sent = second["prompt_token_ids"]
+    assert any(sent[i : i + len(replied)] == replied for i in range(len(sent))), "turn 1's ids are not in turn 2's prompt"
+    assert "DATASET-REPLY" not in demo_tokenizer.decode(sent)
+
+
 def test_a_request_joining_a_running_batch_decodes_as_it_would_alone(demo_model, demo_tokenizer):
     import threading
 
