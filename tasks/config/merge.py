@@ -23,8 +23,9 @@ class MergeSourceConfig(StrictModel):
     """Rows with fewer tokens are dropped."""
     max_tokens: int | None = Field(None, gt=0)
     """Rows with more tokens are dropped; None keeps all."""
-    drop_truncated: bool = True
-    """Replies cut by max_tokens never end with the end-of-turn token the draft must learn."""
+    drop_truncated: bool = False
+    """Drop replies cut by max_tokens. Kept by default: every token of a cut reply is the target's (only its
+    end-of-turn token is missing), and the manifest counts them per source (`train_truncated`)."""
     allowed_classes: list[Literal["exact", "bpe_only", "semantic", "unverified"]] = Field(
         default_factory=lambda: ["exact", "bpe_only", "unverified"]
     )

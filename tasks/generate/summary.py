@@ -26,6 +26,13 @@ def spread(rows: list[dict], key: str) -> dict:
     return {f"{name}_p50_s": percentile(values, 50), f"{name}_p95_s": percentile(values, 95)}
 
 
+def truncated_by_source(rows: list[dict]) -> dict[str, dict]:
+    """Per source: replies the target was asked for, how many were cut at max_tokens, and their share."""
+    asked = Counter(r["source"] for r in rows if r.get("origin") != "dataset")
+    cut = Counter(r["source"] for r in rows if r.get("truncated") and r.get("origin") != "dataset")
+    return {s: {"replies": n, "cut": cut[s], "share": round(cut[s] / n, 4)} for s, n in asked.items()}
+
+
 def summarize(rows: list[dict], failures: list[dict], quarantine: list[dict], extra: dict) -> dict:
     """A small JSON-able summary of the output table and what was refused."""
     costs = [r["cost"] for r in rows if r.get("cost") is not None]
@@ -34,6 +41,7 @@ def summarize(rows: list[dict], failures: list[dict], quarantine: list[dict], ex
         "rows": len(rows),
         "by_finish_reason": dict(Counter(r.get("finish_reason") or "none" for r in rows).most_common()),
         "truncated": sum(1 for r in rows if r.get("truncated")),
+        "truncated_by_source": truncated_by_source(rows),
         "errors_by_kind": dict(Counter(f["kind"] for f in failures).most_common()),
         "quarantine_by_reason": dict(Counter(q["reason"] for q in quarantine).most_common()),
         "error_rate": round(len(failures) / attempted, 6) if attempted else 0.0,

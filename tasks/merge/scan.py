@@ -23,7 +23,7 @@ COLUMNS = ["id", "source", "input_ids", "loss_mask", "num_tokens", "finish_reaso
 ORIGINS = ("target", "dataset")  # `origin` codes in the index; a table written before the column reads as target
 OPTIONAL = ("origin", "count_verdict")  # read where the table has them (tables written before them do not)
 # Bytes the scan keeps per row: five 8-byte digests/ids, small codes, and the id string (~24 bytes).
-INDEX_BYTES_PER_ROW = 72
+INDEX_BYTES_PER_ROW = 73
 INDEX_DTYPES = {
     "source_index": np.int16,
     "reasons": np.uint8,
@@ -35,6 +35,7 @@ INDEX_DTYPES = {
     "num_tokens": np.int64,
     "origin": np.uint8,
     "count_verdict": np.uint8,
+    "truncated": np.bool_,
 }
 
 
@@ -52,6 +53,7 @@ class ScanIndex:
     num_tokens: list[np.ndarray] = field(default_factory=list)
     origin: list[np.ndarray] = field(default_factory=list)
     count_verdict: list[np.ndarray] = field(default_factory=list)
+    truncated: list[np.ndarray] = field(default_factory=list)  # cut at max_tokens (finish_reason length)
     ids: list[pa.Array] = field(default_factory=list)
     rows: int = 0
     unrouted: int = 0
@@ -172,6 +174,7 @@ def _scan_batch(batch, entry, sources, keys, classes, index, buckets, quarantine
     index.num_tokens.append(view.num_tokens)
     index.origin.append(origin)
     index.count_verdict.append(verdict)
+    index.truncated.append(view.truncated)
     index.ids.append(ids.cast(pa.string()))
     index.rows += batch.num_rows
 

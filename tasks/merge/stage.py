@@ -227,6 +227,7 @@ def _manifest(merge, seed, sources, plans, index: ScanIndex, columns, split, sha
             "eval": plan.eval_rows,
             "train_tokens": int(tokens[mine & (split == TRAIN)].sum()),
             "eval_tokens": int(tokens[mine & (split == EVAL)].sum()),
+            "train_truncated": int((mine & (split == TRAIN) & columns["truncated"]).sum()),  # cut at max_tokens
         }
     by_origin = {}
     for code, origin in enumerate(ORIGINS):

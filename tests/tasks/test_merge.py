@@ -140,7 +140,11 @@ def test_filters_quarantine_with_reasons(tmp_path, demo_tokenizer):
             eval_size=0.0,
             sources=[
                 MergeSourceConfig(
-                    name="chat", min_tokens=short["num_tokens"] + 1, max_tokens=100, allowed_classes=["exact", "bpe_only"]
+                    name="chat",
+                    min_tokens=short["num_tokens"] + 1,
+                    max_tokens=100,
+                    allowed_classes=["exact", "bpe_only"],
+                    drop_truncated=True,
                 )
             ],
         ),
@@ -354,3 +358,25 @@ def test_memory_budget_too_small_is_refused(tmp_path, demo_tokenizer):
     with pytest.raises(MergeBudgetError, match="memory_budget_mb=1"):
         run_merge(config)
     assert not (config.run_dir / "merged").exists()
+
+
+def test_cut_replies_are_kept_by_default_and_counted(tmp_path, demo_tokenizer):
+    """A reply cut at max_tokens is the target's own tokens: merge keeps it unless drop_truncated, and the manifest
+    says how many of each source's training rows were cut."""
+    rows = [make_row(demo_tokenizer, "chat", i, finish_reason="length" if i % 3 == 0 else "stop") for i in range(9)]
+    config = RunConfig(name="run", runs_dir=tmp_path, merge=MergeConfig(eval_size=0.0))
+    write_rows(config.run_dir, rows)
+    run_merge(config)
+    assert len(merged(config)) == 9 and manifest(config)["counts"]["chat"]["train_truncated"] == 3
+    dropping = config.model_copy(update={"merge": MergeConfig(eval_size=0.0, sources=[{"name": "chat", "drop_truncated": True}])})
+    run_merge(dropping)
+    assert len(merged(dropping)) == 6 and manifest(dropping)["counts"]["chat"]["train_truncated"] == 0
+
+
+def test_the_generate_summary_gives_each_sources_share_of_cut_replies():
+    from tasks.generate.summary import truncated_by_source
+
+    rows = [{"source": "a", "truncated": i < 2, "origin": "target"} for i in range(8)]
+    rows += [{"source": "b", "truncated": False, "origin": "target"}, {"source": "c", "truncated": True, "origin": "dataset"}]
+    expected = {"a": {"replies": 8, "cut": 2, "share": 0.25}, "b": {"replies": 1, "cut": 0, "share": 0.0}}
+    assert truncated_by_source(rows) == expected
