@@ -10,11 +10,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.config import ApiConfig, GenerateConfig, RequestConfig, RunConfig, SourceConfig
-from tasks.generate.journal import read_journal
+from tasks.config import ApiConfig, GenerateConfig, ReconstructConfig, RequestConfig, RunConfig, SourceConfig
+from tasks.generate.journal import JournalState, read_journal
 from tasks.generate.stage import run_generate
+from tasks.generate.turns import walk
 from tasks.merge.hashing import shuffle_key
 from tasks.merge.scan import priorities
+from tasks.reconstruct.rebuild import rebuild_rows
+from tasks.target_model.tokens import codec
 from tests.support.faults import CannedServer
 from tests.tasks.test_generate_client import outcome
 
@@ -148,3 +151,39 @@ def test_a_conversations_turns_draw_one_shuffle_digest():
     ids = pa.array(["c:a#t1", "c:a#t2", "c:a#t13", "c:b#t1", "c:b"])
     digests = priorities(ids, np.zeros(5, dtype=np.int64), [shuffle_key(0, "c")])
     assert digests[0] == digests[1] == digests[2] != digests[3] and digests[3] == digests[4]
+
+
+def test_a_later_turns_row_trains_exactly_that_turns_reply_on_kimi_k25(family_tokenizers):
+    """Turn 2's row, rebuilt with K2.5's real template on its tokenizer stand-in: the loss mask covers turn 2's reply
+    (reasoning, content, end of turn) and nothing of the history, which holds turn 1's content without its reasoning."""
+    tokenizer, target = family_tokenizers["kimi-k2.5"]
+    conversation = [
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "DATASET ONE"},
+        {"role": "user", "content": "Is it big?"},
+        {"role": "assistant", "content": "DATASET TWO"},
+    ]
+    first = {"id": "c:k#t1", "source": "c", "content": "Paris, of course.", "reasoning": "Recall it.", "tool_calls": None}
+    walked = walk(
+        {"id": "c:k", "source": "c", "tools": None, "conversation": conversation}, JournalState(done={first["id"]: first})
+    )
+    second = {
+        "id": walked.next_prompt["id"],
+        "source": "c",
+        "messages": walked.next_prompt["messages"],
+        "tools": None,
+        "reasoning": "Think of the population.",
+        "reasoning_kind": "text",
+        "content": "Yes, about two million people.",
+        "tool_calls": None,
+        "finish_reason": "stop",
+    }
+    rebuilt = rebuild_rows(tokenizer, [second], target, ReconstructConfig(methods=["reencode"])).table.to_pylist()
+    ids, mask = np.asarray(rebuilt[0]["input_ids"]), np.asarray(rebuilt[0]["loss_mask"])
+    tokens = codec(tokenizer)
+    trained, history = tokens.decode(ids[mask == 1]), tokens.decode(ids[mask == 0])
+    assert second["id"] == "c:k#t2" and np.all(np.diff(np.flatnonzero(mask)) == 1)  # one run, at the end
+    assert int(np.flatnonzero(mask)[-1]) == len(ids) - 1
+    assert "Think of the population." in trained and trained.rstrip().endswith(("<|im_end|>", "people."))
+    assert "Paris, of course." in history and "Is it big?" in history and "Paris" not in trained
+    assert "Recall it." not in history and "DATASET" not in history
