@@ -15,6 +15,7 @@ from tasks.config.generate import (
     GenerateConfig,
     RequestConfig,
     SourceConfig,
+    TokenPrice,
 )
 from tasks.config.loading import config_fields, format_validation_error, load_config, require_sources
 from tasks.config.merge import MergeConfig, MergeSourceConfig
@@ -46,6 +47,7 @@ __all__ = [
     "SourceConfig",
     "StrictModel",
     "TargetConfig",
+    "TokenPrice",
     "TrainConfig",
     "UserError",
     "ValidationConfig",

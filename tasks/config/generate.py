@@ -139,6 +139,15 @@ class RequestConfig(StrictModel):
     """Anything else to pass through verbatim in the request body."""
 
 
+class TokenPrice(StrictModel):
+    """What a provider charges, in USD per million tokens."""
+
+    input: float = Field(ge=0)
+    """Per million prompt tokens."""
+    output: float = Field(ge=0)
+    """Per million completion tokens (reasoning included)."""
+
+
 class GenerateConfig(StrictModel):
     """Prompt sources, the API to call, and the limits of one generation run."""
 
@@ -150,6 +159,9 @@ class GenerateConfig(StrictModel):
     """Options sent with every request."""
     embedded: EmbeddedServerConfig = Field(default_factory=EmbeddedServerConfig)
     """The embedded server, when generate.api.base_url is "embedded"."""
+    price_per_million: TokenPrice | None = None
+    """The reply's cost where the server reports none (`usage.cost`, as OpenRouter does, wins): its tokens at this
+    price, so `budget_usd` and the cost columns hold for a vLLM or SGLang server billed per token too."""
     budget_usd: float | None = Field(None, gt=0)
     """Stop cleanly (everything finished journaled) once usage.cost adds up to this many USD."""
     max_error_rate: float = Field(0.05, ge=0, le=1)

@@ -16,7 +16,7 @@ import zlib
 
 import httpx
 
-from tasks.config import ApiConfig, RequestConfig
+from tasks.config import ApiConfig, RequestConfig, TokenPrice
 
 RETRYABLE_STATUS = {408, 409, 425, 429}
 ERROR_BODY_CHARS = 500
@@ -126,7 +126,21 @@ def message_fields(prompt: dict, message: dict) -> dict:
     }
 
 
-def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, template_kwargs: dict | None = None) -> dict:
+def priced(usage: dict, price: TokenPrice | None) -> float | None:
+    """The reply's cost: the provider's `usage.cost`, else its tokens at `price` (None without either)."""
+    if usage.get("cost") is not None or price is None:
+        return usage.get("cost")
+    return ((usage.get("prompt_tokens") or 0) * price.input + (usage.get("completion_tokens") or 0) * price.output) / 1e6
+
+
+def reply_record(
+    prompt: dict,
+    data: dict,
+    latency_s: float,
+    provider: str,
+    template_kwargs: dict | None = None,
+    price: TokenPrice | None = None,
+) -> dict:
     """Journal record of a reply, in the `generations` contract's fields (bytes as int lists)."""
     choice = data["choices"][0]
     usage = data.get("usage") or {}
@@ -141,7 +155,7 @@ def reply_record(prompt: dict, data: dict, latency_s: float, provider: str, temp
         "completion_tokens": usage.get("completion_tokens"),
         "reasoning_tokens": (usage.get("completion_tokens_details") or {}).get("reasoning_tokens"),
         "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-        "cost": usage.get("cost"),
+        "cost": priced(usage, price),
         "latency_s": round(latency_s, 4),
         "server_queue_s": None if queue_s is None else round(queue_s, 4),
         "server_s": None if server_s is None else round(server_s, 4),
@@ -172,8 +186,17 @@ def dataset_record(prompt: dict) -> dict:
 class ChatClient:
     """One pooled HTTP client for a run; `complete` is safe to call from many coroutines."""
 
-    def __init__(self, api: ApiConfig, request: RequestConfig, model: str, api_key: str | None, base_url: str):
+    def __init__(
+        self,
+        api: ApiConfig,
+        request: RequestConfig,
+        model: str,
+        api_key: str | None,
+        base_url: str,
+        price: TokenPrice | None = None,
+    ):
         self.api = api
+        self.price = price  # what a reply costs where the server reports no usage.cost
         self.seed = request.seed
         # Recorded on every row: reconstruct renders the prompt with the same kwargs (thinking on/off).
         self.template_kwargs = request.chat_template_kwargs
@@ -265,7 +288,8 @@ class ChatClient:
                     error is not None or any(c.get("finish_reason") == "error" for c in choices if isinstance(c, dict))
                 )
                 if choices and not broken_off:
-                    return reply_record(prompt, data, time.perf_counter() - started, self.provider, self.template_kwargs)
+                    seconds = time.perf_counter() - started
+                    return reply_record(prompt, data, seconds, self.provider, self.template_kwargs, self.price)
                 if broken_off:  # a generation cut by a provider error mid-stream: partial text, retry it
                     kind, detail = "midstream_error", f"reply broken off by an error: {response.text}"
                 if isinstance(error, dict) and isinstance(error.get("code"), int) and not broken_off:

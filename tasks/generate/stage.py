@@ -293,7 +293,7 @@ async def _request_all(
     """Ask for `pending`, then in rounds for what became due (the next turns of conversations regenerated turn by
     turn, each asked once the turn before it is journaled) until nothing is due or the run stops."""
     gen = config.generate
-    client = ChatClient(gen.api, gen.request, config.target.model, api_key, base_url)
+    client = ChatClient(gen.api, gen.request, config.target.model, api_key, base_url, gen.price_per_million)
     tally = RunTally(cost=spent)
     try:
         progress = GenerationProgress(len(pending), concurrency=gen.api.concurrency)

@@ -326,3 +326,32 @@ def test_a_vllm_server_started_for_the_run_is_spoken_to_as_vllm():
     assert ApiConfig(base_url="vllm", provider="vllm", api_key_env=None).base_url == "vllm"
     with pytest.raises(ValidationError, match="base_url vllm starts a vLLM server: provider must be vllm, not openrouter"):
         ApiConfig(base_url="vllm")
+
+
+def test_a_reply_without_usage_cost_is_priced_at_the_configured_rate():
+    from tasks.config import TokenPrice
+    from tasks.generate.client import priced
+
+    price = TokenPrice(input=0.6, output=2.5)
+    usage = {"prompt_tokens": 1000, "completion_tokens": 200}
+    assert priced(usage, price) == pytest.approx((1000 * 0.6 + 200 * 2.5) / 1e6)
+    assert priced(usage | {"cost": 0.01}, price) == 0.01  # the provider's own figure wins
+    assert priced(usage, None) is None
+
+
+def test_the_budget_stops_a_server_that_reports_no_cost_at_its_price(tmp_path):
+    """vLLM-like replies with token counts and no usage.cost: priced, they spend the budget and stop the run."""
+
+    def counted(request: dict) -> dict:
+        message = {"role": "assistant", "content": "A counted reply."}
+        choice = {"index": 0, "finish_reason": "stop", "message": message}
+        return {"choices": [choice], "usage": {"prompt_tokens": 100_000, "completion_tokens": 100_000}}
+
+    canned = CannedServer(reply=counted).start()
+    try:
+        config = config_for(tmp_path, canned, [f"q{i}" for i in range(20)], concurrency=1)
+        generate = config.generate.model_dump() | {"price_per_million": {"input": 1.0, "output": 1.0}, "budget_usd": 0.5}
+        summary = run_generate(RunConfig.model_validate(config.model_dump() | {"generate": generate}))
+    finally:
+        canned.stop()
+    assert summary["stopped"] == "budget" and summary["rows"] == 3  # 0.2 USD a reply: the third passes 0.5
