@@ -177,6 +177,9 @@ def run(
     ),
     stage: str = typer.Option(None, help="Run only this stage's flow (generate, reconstruct, ...)."),
     force: list[str] = typer.Option(None, "--force", help="Rerun this stage even if it is up to date (repeatable)."),
+    retry_failed: list[str] = typer.Option(
+        None, "--retry-failed", help="Ask again the prompts whose journaled failure is of this kind, e.g. http_403 (repeatable)."
+    ),
 ) -> None:
     """Run the whole pipeline (or one stage) for a config."""
     from flows.pipeline import call_stage_flow, eagle3_pipeline
@@ -187,7 +190,10 @@ def run(
         if name not in STAGE_NAMES:
             fail(f"unknown stage {name!r}; stages: {', '.join(STAGE_NAMES)}")
     cfg = read_config(config, set_, stages=[stage] if stage else STAGE_NAMES)
-    check_before_run(cfg, config, [stage] if stage else STAGE_NAMES, force="generate" in force)
+    if retry_failed:  # for this run: the config's generate section changes, so generate runs again
+        kinds = sorted({*cfg.generate.retry_failed, *retry_failed})
+        cfg = cfg.model_copy(update={"generate": cfg.generate.model_copy(update={"retry_failed": kinds})})
+    check_before_run(cfg, config, [stage] if stage else STAGE_NAMES, force="generate" in force or bool(retry_failed))
     from prefect import tags
 
     with tags(cfg.name, stage or "pipeline"):

@@ -164,6 +164,10 @@ class GenerateConfig(StrictModel):
     price, so `budget_usd` and the cost columns hold for a vLLM or SGLang server billed per token too."""
     budget_usd: float | None = Field(None, gt=0)
     """Stop cleanly (everything finished journaled) once usage.cost adds up to this many USD."""
+    retry_failed: list[str] = Field(default_factory=list)
+    """Failure kinds to ask again (`http_400`, `http_403`, `timeout`, ... as the quarantine names them): a prompt whose
+    journaled failure is of one of these kinds is sent again, say after a provider fixed a misconfiguration. Replies
+    in the journal are never asked again. `draftsmith run --retry-failed KIND` sets it for one run."""
     max_error_rate: float = Field(0.05, ge=0, le=1)
     """Gate: share of requested rows that may end as permanent failures."""
     journal_batch: int = Field(8, gt=0)

@@ -1,7 +1,8 @@
 """Async chat-completions client: OpenAI wire format, retries that honour Retry-After, lean per request.
 
 `complete(prompt)` returns one journal record: status "done" (a reply), "failed" (retryable or
-permanent, with the error kind), or "stopped" (402: no credits; the run must stop).
+permanent, with the error kind), or "stopped" (no credits: a 402, or a 403 that says so, as Moonshot's API answers an
+empty balance; the run must stop).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from tasks.config import ApiConfig, RequestConfig, TokenPrice
 
 RETRYABLE_STATUS = {408, 409, 425, 429}
 ERROR_BODY_CHARS = 500
+# A 403 that is about money, not access: Moonshot's API answers an empty balance with 403, not 402.
+CREDITS = re.compile(r"balance|credit|billing|insufficient funds|payment", re.IGNORECASE)
 TOKEN_OPTIONS = ("vllm", "sglang", "embedded")
 BEARER_RE = re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?(?:bearer\s+)?|bearer\s+)[^\s'\",}]+")
 
@@ -296,7 +299,7 @@ class ChatClient:
                     status = error["code"]  # OpenRouter reports some failures inside a 200
                 elif data is not None and not broken_off:
                     kind, detail = "empty_choices", f"reply has no choices: {response.text}"
-            if status == 402:
+            if status == 402 or (status == 403 and CREDITS.search(response.text)):
                 return {
                     "status": "stopped",
                     "id": prompt["id"],

@@ -205,8 +205,10 @@ def to_request(config: RunConfig, force: bool = False) -> tuple:
 
 def due(config: RunConfig, prompts: list[dict], state: JournalState, force: bool = False) -> list[dict]:
     """The requests the journal lacks: each prompt's, and the next turn of each conversation regenerated turn by
-    turn (asked once the turn before it is in the journal). `force`: also those that failed for good."""
-    settled = set(state.done) if force else state.settled
+    turn (asked once the turn before it is in the journal); those that failed for good only when their kind is in
+    `generate.retry_failed`, or all of them with `force`."""
+    retry = set(config.generate.retry_failed)
+    settled = set(state.done) if force else state.settled - {i for i, f in state.failed.items() if f["kind"] in retry}
     limits = prompt_limits(config)
     out = []
     for p in prompts:

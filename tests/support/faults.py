@@ -150,6 +150,9 @@ class CannedServer:
             reply["choices"][0]["message"]["content"] = "A can"
             reply["error"] = {"code": 502, "message": "upstream disconnected mid-generation"}
             transport.write(_response(200, json.dumps(reply).encode()))
+        elif fault == "403balance":  # Moonshot's API: an empty balance is a 403, not a 402
+            body = {"error": {"message": "Your account is suspended due to insufficient balance", "type": "exceeded"}}
+            transport.write(_response(403, json.dumps(body).encode()))
         elif fault == "429ra":
             transport.write(_response(429, b'{"error":{"message":"slow down"}}', {"Retry-After": "1"}))
         elif fault.isdigit():

@@ -355,3 +355,30 @@ def test_the_budget_stops_a_server_that_reports_no_cost_at_its_price(tmp_path):
     finally:
         canned.stop()
     assert summary["stopped"] == "budget" and summary["rows"] == 3  # 0.2 USD a reply: the third passes 0.5
+
+
+def test_retry_failed_asks_again_only_the_named_kinds(tmp_path, server):
+    """Failures for good stay settled; `retry_failed` sends those of its kinds again, never a finished reply."""
+    contents = ["fault=400 misconfigured", "fault=404 gone", "plain"]
+    config = config_for(tmp_path, server, contents)
+    run_generate(config)
+    run_generate(config)  # nothing to ask: one reply, two failures for good
+    assert [server.requests[c] for c in contents] == [1, 1, 1]
+    generate = config.generate.model_dump() | {"retry_failed": ["http_400"]}
+    summary = run_generate(RunConfig.model_validate(config.model_dump() | {"generate": generate}))
+    done, quarantined = outcome(config)
+    assert [server.requests[c] for c in contents] == [2, 1, 1] and summary["requested_this_run"] == 1
+    assert sorted(done) == ["t:p0", "t:p2"] and quarantined["t:p1"]["reason"] == "http_404"
+
+
+def test_a_403_about_the_balance_stops_like_a_402(tmp_path, server):
+    """Moonshot's empty balance: the run stops cleanly, nothing journaled for it, and a rerun asks again; a 403 about
+    anything else is a failure for good."""
+    config = config_for(tmp_path, server, ["plain", "fault=403balance broke", "fault=403 forbidden"], concurrency=1)
+    summary = run_generate(config)
+    done, quarantined = outcome(config)
+    assert summary["stopped"] == "out_of_credits" and done == ["t:p0"] and quarantined["t:p1"]["reason"] == "not_sent"
+    assert "t:p1" not in read_journal(config.run_dir / "generations" / "journal.jsonl").failed
+    run_generate(config)
+    done, quarantined = outcome(config)
+    assert sorted(done) == ["t:p0", "t:p1"] and quarantined["t:p2"]["reason"] == "http_403"
