@@ -92,10 +92,16 @@ class CountCheck:
 
     @property
     def reply_ok(self) -> bool | None:
-        if self.expected_reply is None:
-            return None
-        reasoning_ok = self.expected_reasoning is None or self.reasoning_tokens == self.expected_reasoning
-        return self.reply_tokens == self.expected_reply and reasoning_ok
+        """The reply's length against completion_tokens, reasoning included: the count providers get right. A reported
+        reasoning count does not decide (vLLM counted 0 for templates that prefill `<think>`, K2.5's among them);
+        where it disagrees, `reasoning_unreliable` says so."""
+        return None if self.expected_reply is None else self.reply_tokens == self.expected_reply
+
+    @property
+    def reasoning_unreliable(self) -> bool:
+        """The provider's reasoning count disagrees with the rebuilt reasoning while its completion count agrees."""
+        disagrees = self.expected_reasoning is not None and self.reasoning_tokens != self.expected_reasoning
+        return disagrees and self.reply_ok is True
 
     @property
     def verdict(self) -> str:
@@ -119,7 +125,7 @@ def check_counts(
     """The count check of one rebuilt row: `prompt_len` prompt tokens, then `reply_ids`; `generated` is the reply's
     text (needed only to place its reasoning, where the provider counts reasoning apart)."""
     counted_reasoning = expected_reasoning = None
-    if reasoning is not None and reported.reasoning is not None:
+    if reasoning is not None and reported.reasoning is not None:  # recorded beside the verdict, never deciding it
         lo, hi = (0, reasoning.block_end) if convention.reasoning_markers else (reasoning.start, reasoning.stop)
         counted_reasoning = tokens_over(reply_ids, tokenizer, generated, lo, hi)
         expected_reasoning = reported.reasoning

@@ -111,9 +111,10 @@ def test_history_arguments_as_the_provider_rendered_them(family_tokenizers):
     assert (as_objects, as_sent) == ({"h": "prompt_count_mismatch"}, {"h": "count_verified"})
 
 
-def test_reasoning_is_checked_apart_from_the_rest(family_tokenizers):
-    """A provider that splits out reasoning tokens: a reasoning count that does not fit is flagged even when the
-    total does."""
+def test_a_reasoning_count_is_recorded_but_the_completion_count_decides(family_tokenizers):
+    """K2.5's template prefills `<think>`, and vLLM counted 0 reasoning tokens for such templates: a reasoning count
+    that does not fit (0 beside reasoning text, or off by one) while completion_tokens does leaves the row verified,
+    and the report names the source's reasoning count unreliable; a wrong completion count is still a mismatch."""
     tokenizer, target = family_tokenizers["kimi-k2.5"]
     messages = [{"role": "user", "content": "2 + 2?"}]
     reasoning, content = "Two and two make four.", "4"
@@ -130,8 +131,20 @@ def test_reasoning_is_checked_apart_from_the_rest(family_tokenizers):
     total = table["reply_count"]
     assert table["input_ids"][-1] == eot.id and total > think
     right = base | {"prompt_tokens": table["prompt_count"], "completion_tokens": total, "reasoning_tokens": think}
-    wrong = right | {"id": "w", "reasoning_tokens": think + 1}
-    assert verdicts(tokenizer, [right, wrong], target) == {"r": "count_verified", "w": "reply_count_mismatch"}
+    rows = [right, right | {"id": "w", "reasoning_tokens": think + 1}, right | {"id": "z", "reasoning_tokens": 0}]
+    rows.append(right | {"id": "t", "completion_tokens": total + 1})
+    assert verdicts(tokenizer, rows, target) == {
+        "r": "count_verified",
+        "w": "count_verified",
+        "z": "count_verified",
+        "t": "reply_count_mismatch",
+    }
+    from tasks.validate.report import unreliable_reasoning
+
+    rebuilt = rebuild(tokenizer, rows, target, ReconstructConfig(methods=["reencode"])).table.to_pandas()
+    note = unreliable_reasoning(rebuilt)
+    assert list(note) == [rows[0]["source"]]
+    assert "unreliable on 2 of 4 rows that report one (1 report 0 beside reasoning text)" in next(iter(note.values()))
 
 
 def served_row(tokenizer, row_id: str, content: str) -> dict:
