@@ -34,7 +34,6 @@ class Walk:
     stop: str | None = None
     detail: str = ""
     stopped_at: str = ""  # the id of the first turn the stop leaves unanswered
-    turns: int = 0  # turns the conversation holds
 
     def stopped(self, reason: str, turn: str, detail: str) -> Walk:
         self.stop, self.stopped_at, self.detail = reason, turn, detail
@@ -111,7 +110,7 @@ def walk(row: dict, state: JournalState, max_prompt_chars: int | None = None) ->
     """Follow one `each_turn` conversation through the journal, as far as its turns are in."""
     conversation = row["conversation"]
     positions = turn_positions(conversation)
-    out = Walk(turns=len(positions))
+    out = Walk()
     history: list[dict] = []
     start = 0
     for k, position in enumerate(positions, 1):
