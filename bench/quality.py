@@ -45,6 +45,7 @@ import torch  # noqa: E402
 
 import tasks  # noqa: E402,F401  (offline defaults)
 from bench.publish import Plot, Table, save  # noqa: E402
+from bench.serve_speed import measure, speed_table  # noqa: E402
 from tasks.config import RunConfig, load_config  # noqa: E402
 from tasks.generate.sources import load_source  # noqa: E402
 from tasks.stages import stage_dir  # noqa: E402
@@ -419,7 +420,6 @@ def result_tables(results: list[dict]) -> list[Table]:
 def serve_speeds(results: list[dict], demo: RunConfig, pool: RunConfig, work: Path, args) -> None:
     """Each budget's shapes served by vLLM at each of --serve-ks beside the target alone (bench/serve_speed.py), on
     the held-out prompts draftsmith decoded; each row gets its figures under `serve`."""
-    from bench.serve_speed import measure
     from tasks.evaluate.stage import held_out_prompts, stop_ids
 
     for budget in sorted({r["budget"] for r in results}):
@@ -432,29 +432,6 @@ def serve_speeds(results: list[dict], demo: RunConfig, pool: RunConfig, work: Pa
         served = measure(first, exports, prompts, stop_ids(first), args.serve_ks, args.serve_reps, out)
         for r in rows:
             r["serve"] = [m for m in served if m["draft"] == r["variant"]]
-
-
-def speed_table(results: list[dict]) -> list[Table]:
-    """vLLM's output tokens/s with each shape against the target alone, at each k served."""
-    served = [(r, m) for r in results for m in r.get("serve", [])]
-    if not served:
-        return []
-    reps = len(served[0][1]["speed_up"]["values"])
-    table = Table(
-        f"Served by vLLM: tokens/s with the draft against the target alone, {reps} alternating passes each",
-        ["target tokens", "shape", "k", "τ by vLLM", "greedy tokens/s", "speculative tokens/s", "speed-up", "min", "max",
-         "replies = greedy's"],
-        note="Mean over the passes; min and max: the passes' own speed-ups (each draft pass over the greedy pass before it). "
-        "replies = greedy's: prompts whose speculative reply was the greedy one in every pass; in bfloat16 vLLM's CPU "
-        "kernels round a forward of k + 1 tokens otherwise than a one-token forward, so a near-tie can part them.",
-    )  # fmt: skip
-    for r, m in served:
-        up = m["speed_up"]
-        table.add(
-            r["tokens"], r["variant"], m["k"], m["tau"], m["greedy_tokens_per_s"]["mean"],
-            m["speculative_tokens_per_s"]["mean"], up["mean"], up["min"], up["max"], f"{m['identical']}/{m['prompts']}",
-        )  # fmt: skip
-    return [table]
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from bench.publish import Table
 from tasks.config import RunConfig
 from tasks.evaluate.speculative import DecodeResult
 from tasks.evaluate.vllm_engine import decode_on, served_length, speculative_options
@@ -90,3 +91,26 @@ def measure(
                 )
                 print(f"serve speed {name} k={k}: τ {rows[-1]['tau']:.3f}, speed-up {rows[-1]['speed_up']}", flush=True)
     return rows
+
+
+def speed_table(results: list[dict]) -> list[Table]:
+    """vLLM's output tokens/s with each shape against the target alone, at each k served."""
+    served = [(r, m) for r in results for m in r.get("serve", [])]
+    if not served:
+        return []
+    reps = len(served[0][1]["speed_up"]["values"])
+    table = Table(
+        f"Served by vLLM: tokens/s with the draft against the target alone, {reps} alternating passes each",
+        ["target tokens", "shape", "k", "τ by vLLM", "greedy tokens/s", "speculative tokens/s", "speed-up", "min", "max",
+         "replies = greedy's"],
+        note="Mean over the passes; min and max: the passes' own speed-ups (each draft pass over the greedy pass before it). "
+        "replies = greedy's: prompts whose speculative reply was the greedy one in every pass; in bfloat16 vLLM's CPU "
+        "kernels round a forward of k + 1 tokens otherwise than a one-token forward, so a near-tie can part them.",
+    )  # fmt: skip
+    for r, m in served:
+        up = m["speed_up"]
+        table.add(
+            r["tokens"], r["variant"], m["k"], m["tau"], m["greedy_tokens_per_s"]["mean"],
+            m["speculative_tokens_per_s"]["mean"], up["mean"], up["min"], up["max"], f"{m['identical']}/{m['prompts']}",
+        )  # fmt: skip
+    return [table]
