@@ -47,9 +47,8 @@ def render(tokenizer, user: str, reply: str) -> tuple[list[int], list[int]]:
 
 
 @torch.no_grad()
-def write_run(run_dir: Path, tokenizer, model, n_eval: int = 4, eval_on_train: bool = False) -> Path:
-    """Write the merged table and the hidden-state shards for CHATS (the last `n_eval` are eval rows; with
-    `eval_on_train` the eval table holds the training rows instead, for checks that need drafts accepted often)."""
+def write_run(run_dir: Path, tokenizer, model, n_eval: int = 4) -> Path:
+    """Write the merged table and the hidden-state shards for CHATS (the last `n_eval` are eval rows)."""
     run_dir = Path(run_dir)
     rows, index, aux_parts, final_parts, offset = [], [], [], [], 0
     for n, (user, reply) in enumerate(CHATS):
@@ -75,8 +74,7 @@ def write_run(run_dir: Path, tokenizer, model, n_eval: int = 4, eval_on_train: b
         )
         offset += len(ids)
     for split in ("train", "eval"):
-        picked = [r for r in rows if r["split"] == ("train" if eval_on_train else split)]
-        write_table("merged", picked, run_dir / "merged" / split / "part-00000.parquet")
+        write_table("merged", [r for r in rows if r["split"] == split], run_dir / "merged" / split / "part-00000.parquet")
     hidden = run_dir / "hidden_states"
     hidden.mkdir(parents=True, exist_ok=True)
     save_file({"aux": torch.cat(aux_parts), "final": torch.cat(final_parts)}, str(hidden / "shard-00000.safetensors"))
