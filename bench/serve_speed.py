@@ -21,14 +21,9 @@ from pathlib import Path
 from bench.publish import Table
 from tasks.config import RunConfig
 from tasks.evaluate.speculative import DecodeResult
+from tasks.evaluate.stage import pooled_tau
 from tasks.evaluate.vllm_engine import decode_on, served_length, speculative_options
 from tasks.vllm_server import VllmServer
-
-
-def pooled(results: list[DecodeResult]) -> float:
-    """τ over many prompts: all tokens the rounds yielded over all verifying forwards."""
-    rounds = sum(len(r.accepted) for r in results)
-    return (sum(sum(r.accepted) for r in results) + rounds) / rounds if rounds else 0.0
 
 
 def tokens_per_s(decoded: list[tuple[DecodeResult, float]]) -> float:
@@ -76,7 +71,7 @@ def measure(
                     {
                         "draft": name,
                         "k": k,
-                        "tau": pooled([r for _, spec in passes for r, _ in spec]),
+                        "tau": pooled_tau([r for _, spec in passes for r, _ in spec]),
                         # Prompts whose reply equals greedy's in every pass: all of them in fp32; in bf16 vLLM's CPU
                         # kernels round a verifying forward of k + 1 tokens otherwise than a one-token one, so a
                         # near-tie can go the other way and the two replies part there.
