@@ -311,12 +311,14 @@ def run_budget(demo: RunConfig, pool: RunConfig, work: Path, budget: int, args) 
             share_inputs(merging, config)
         scored = kept_row(config)
         kept = json.loads(scored.read_text()) if scored.exists() else {}
-        if kept.get("steps") == steps and all(f"tau_k{k}" in kept for k in args.ks):  # a rerun after a stop
-            out.append(kept)
-            print(f"{variant}: scored before, {scored}", flush=True)
-            continue
-        result = {"budget": budget, "variant": variant, "rows": rows, "tokens": tokens, "extract_s": round(extract_s, 1)}
-        out.append(result | train_and_score(config, target, args, per_epoch))
+        if kept.get("steps") == steps:  # a rerun after a stop, or with more k: the trained draft decodes what it lacks
+            print(f"{variant}: trained before, {scored}", flush=True)
+            result = kept
+        else:
+            result = {"budget": budget, "variant": variant, "rows": rows, "tokens": tokens, "extract_s": round(extract_s, 1)}
+            result |= train(config, target, args, per_epoch)
+            scored.write_text(json.dumps(result))
+        out.append(score(config, target, args, result))
         scored.write_text(json.dumps(out[-1]))
         print(json.dumps(out[-1]), flush=True)  # each shape's figures as soon as it is scored
     return out
@@ -335,24 +337,30 @@ def batches_per_epoch(merged: Path, demo: RunConfig) -> int:
     return len(plan_batches(lengths, demo.train.batch_tokens, demo.compute.seed, 0))
 
 
-def train_and_score(config: RunConfig, target, args, per_epoch: int) -> dict:
-    """Train the run's draft (its merged rows and hidden states in place), then decode the held-out prompts at each k
-    (and by vLLM with --vllm): the figures of one row of the table."""
+def train(config: RunConfig, target, args, per_epoch: int) -> dict:
+    """Train the run's draft (its merged rows and hidden states in place): the training figures of its row."""
     from tasks.draft.stage import run_train
     from tasks.draft.train import load_target_pieces, pieces_from_model
-    from tasks.evaluate.stage import evaluate_draft
 
     started = time.perf_counter()
     online = args.train_mode == "online"  # the target in the loop runs in the compute dtype, as extract does
     trained = run_train(config, load_target_pieces(config, keep_model=True) if online else pieces_from_model(target, False))
-    result = {
+    return {
         "steps": trained["step"],
         "epochs": round(trained["step"] / per_epoch, 2),
         "train_s": round(time.perf_counter() - started, 1),
         "train_tokens_per_s": trained["tokens_per_s"],
         "tau_sim": trained["gate"]["tau_sim"],
     }
+
+
+def score(config: RunConfig, target, args, result: dict) -> dict:
+    """Decode the held-out prompts with the trained draft at each k its row lacks (and by vLLM with --vllm)."""
+    from tasks.evaluate.stage import evaluate_draft
+
     for k in args.ks:
+        if f"tau_k{k}" in result and (result.get(f"tau_vllm_k{k}") is not None or not args.vllm):
+            continue
         decoded = evaluate_draft(at_k(config, k), target, out=eval_dir(config, k))
         result[f"tau_k{k}"] = decoded["acceptance_length"]
         result[f"sigma_k{k}"] = tau_sigma(Path(decoded["results"]))
@@ -367,6 +375,7 @@ def train_and_score(config: RunConfig, target, args, per_epoch: int) -> dict:
                 "speculative_tokens_per_s": decoded["speculative_tokens_per_s"],
                 "prompts": decoded["prompts"],
             }
+        print(f"{config.name} k={k}: τ {result[f'tau_k{k}']:.3f}", flush=True)
     return result
 
 
