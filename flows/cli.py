@@ -117,12 +117,14 @@ def preflight(config: Path = ConfigOption, set_: list[str] = SetOption) -> None:
     """Resolve and round-trip every special token of the target's chat format."""
     from tasks.stages import STAGE_NAMES
     from tasks.target_model.checkpoint import in_process_problems
-    from tasks.target_model.preflight import render_table, run_preflight
+    from tasks.target_model.preflight import render_features, render_table, run_preflight
 
     cfg = read_config(config, set_, stages=["preflight"])
     with user_errors(config):
         report = run_preflight(cfg.target)
     console.print(render_table(report))
+    if report.features:
+        console.print(render_features(report))
     problems = [*report.problems, *in_process_problems(cfg, STAGE_NAMES)]
     for problem in problems:
         console.print(escape(problem), style="red", highlight=False, soft_wrap=True)

@@ -23,6 +23,7 @@ ChatFormatName = Literal[
     "qwen3",
     "llama-3",
     "chatml",
+    "template",
 ]
 
 
@@ -33,14 +34,15 @@ class TargetConfig(StrictModel):
     """Model name sent to the chat API (OpenRouter slug, vLLM served name)."""
     source: Literal["demo", "gguf", "hf_dir", "tokenizer_json"] = "demo"
     """Where the tokenizer/weights come from: the embedded demo GGUF, a GGUF file, an HF model directory, or a bare
-    tokenizer.json (tokenizer only: no extract/train/evaluate)."""
+    tokenizer.json or vocabulary-only GGUF (tokenizer only: no extract/train/evaluate)."""
     path: Path | None = None
     """File (gguf, tokenizer_json) or directory (hf_dir); unused for the demo."""
     trust_remote_code: bool = False
     """Remote code runs arbitrary Python from the model repo: off unless asked for (Kimi needs it)."""
     chat_format: ChatFormatName = "auto"
     """How the model writes a generated turn (reasoning markers, tool-call syntax, end of turn); "auto" detects the family from
-    the chat template (tasks/target_model/formats/)."""
+    the chat template (tasks/target_model/formats/), and falls back to "template": the turn as the template itself
+    renders it (formats/template.py)."""
     special_tokens: dict[str, int] = Field(default_factory=dict)
     """Special-token ids the config pins, by token text; preflight checks each against the tokenizer."""
     extra_markers: list[str] = Field(default_factory=list)

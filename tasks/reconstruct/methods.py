@@ -51,7 +51,7 @@ def _check_decode(
             f"at char {len(commonprefix([got_prompt, rendered.text[: rendered.gen_start]]))}",
         )
     want = rendered.text[rendered.gen_start : rendered.gen_end]
-    got = tokens.decode(completion)
+    got = tokens.decode(completion, reply=not tokens.ends_in_special(prompt))
     if got != want:
         at = len(commonprefix([got, want]))
         raise RowError(
@@ -110,7 +110,13 @@ def reencode(tokenizer, rendered: list[RenderedTurn]) -> list[Rebuilt]:
         return []
     tokens = codec(tokenizer)
     prompts = tokens.encode_batch([r.text[: r.gen_start] for r in rendered])
-    replies = tokens.encode_batch([r.text[r.gen_start : r.gen_end] for r in rendered])
+    if tokens.dummy_prefix:  # SentencePiece: the reply's first run continues the prompt's
+        replies = [
+            tokens.encode_reply(r.text[r.gen_start : r.gen_end], tokens.ends_in_special(p))
+            for p, r in zip(prompts, rendered, strict=True)
+        ]
+    else:
+        replies = tokens.encode_batch([r.text[r.gen_start : r.gen_end] for r in rendered])
     out = []
     for prompt, reply, r in zip(prompts, replies, rendered, strict=True):
         ids = np.asarray(prompt + reply, dtype=np.int32)

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 
 from tasks.reconstruct.counts import ReasoningSpan
 from tasks.target_model.chat import template_messages
-from tasks.target_model.formats import ChatFormat, Reply, RowError, ToolCall
+from tasks.target_model.formats import ChatFormat, Reply, RowError, TemplateFormat, ToolCall
 
 TRUNCATED = "length"
 NOT_VERBATIM = ("summary", "encrypted")
@@ -215,14 +215,16 @@ def reasoning_span(reply: Reply, prompt: str, chat_format: ChatFormat, row_id: s
 
 def render_turn(turn: ChatTurn, prompt: str, chat_format: ChatFormat, echoed: str) -> RenderedTurn:
     reply = reply_of(turn, chat_format, echoed)
-    completion = chat_format.completion(reply, prompt, turn.messages, turn.id)
-    return RenderedTurn(
-        prompt + completion,
-        len(prompt),
-        len(prompt) + len(completion),
-        prompt_plain_text(turn.messages),
-        reasoning_span(reply, prompt, chat_format, turn.id),
-    )
+    if isinstance(chat_format, TemplateFormat):  # the template writes the turn: with the request's tools and kwargs
+        request = {"tools": turn.tools, "template_kwargs": turn.template_kwargs}
+        with rendered_on(reply_day(turn.created)):
+            completion = chat_format.completion(reply, prompt, turn.messages, turn.id, request)
+        bounds = chat_format.reasoning_bounds(reply, completion)
+        span = ReasoningSpan(*bounds) if bounds else None
+    else:
+        completion = chat_format.completion(reply, prompt, turn.messages, turn.id)
+        span = reasoning_span(reply, prompt, chat_format, turn.id)
+    return RenderedTurn(prompt + completion, len(prompt), len(prompt) + len(completion), prompt_plain_text(turn.messages), span)
 
 
 def render_turns(

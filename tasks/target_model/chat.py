@@ -10,9 +10,9 @@ from tasks.target_model.tokens import EndOfTurn, TokenResolutionError, codec, ve
 
 
 def chat_format_of(tokenizer, target: TargetConfig) -> ChatFormat:
-    """`target.chat_format`, or the family detected from the tokenizer's template for `auto`."""
+    """`target.chat_format`, or for `auto` the family detected from the tokenizer's template (else the template)."""
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-    return get_format(target.chat_format, template)
+    return get_format(target.chat_format, template, tokenizer)
 
 
 def resolve_end_of_turn(tokenizer, target: TargetConfig) -> EndOfTurn:

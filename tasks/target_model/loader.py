@@ -218,9 +218,32 @@ def remote_code(cfg: TargetConfig, directory: Path) -> Iterator[bool]:
 def _load_tokenizer_json(path: Path):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    if path.suffix == ".gguf":
+        return gguf_vocab_tokenizer(path)
     if path.name == "tokenizer.json" and (path.parent / "tokenizer_config.json").exists():
         return AutoTokenizer.from_pretrained(str(path.parent))
     return PreTrainedTokenizerFast(tokenizer_file=str(path))
+
+
+def gguf_vocab_tokenizer(path: Path):
+    """A GGUF's tokenizer (its vocabulary, special tokens and chat template) without its model config, so a
+    vocabulary-only file or an architecture transformers' config does not know still loads.
+
+    A SentencePiece (`llama`) vocabulary gets its dummy prefix from a normalizer, as Llama-2's own tokenizer.json
+    does: transformers' GGUF conversion puts it in a pre-tokenizer, which splits a leading space apart and
+    disagrees with llama.cpp's reference tokenizations on text that starts with one.
+    """
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf import get_gguf_tokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+    architecture, vocabulary, settings = get_gguf_tokenizer(str(path))
+    backend, extra = convert_gguf_tokenizer(architecture, vocabulary)
+    if vocabulary.get("tokenizer_type") == "llama" and vocabulary.get("add_prefix_space", True):
+        backend.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+        backend.pre_tokenizer = None
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **settings, **extra)
 
 
 def load_tokenizer(cfg: TargetConfig):

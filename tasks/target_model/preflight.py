@@ -15,6 +15,7 @@ from prefect import task
 from tasks.config import TargetConfig, UserError
 from tasks.target_model.chat import chat_format_of
 from tasks.target_model.formats import ChatFormat, FormatError
+from tasks.target_model.formats.template import Probe, template_format
 from tasks.target_model.loader import load_tokenizer
 from tasks.target_model.tokens import codec
 
@@ -38,6 +39,8 @@ PROBE_TOOLS = [
         "function": {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}},
     }
 ]
+# Template features a turn cannot be written without, where the template itself writes turns.
+NEEDED = ("content", "end of turn")
 # Marker texts that formats use without always registering them as special tokens.
 COMMON_MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 
@@ -71,10 +74,14 @@ class PreflightReport:
     trust_remote_code: bool
     has_template: bool
     checks: list[TokenCheck]
+    features: tuple[Probe, ...] = ()  # what the chat template renders of a turn, feature by feature
 
     @property
     def problems(self) -> list[str]:
-        return [p for c in self.checks for p in c.problems]
+        found = [p for c in self.checks for p in c.problems]
+        if self.chat_format == "template":  # nothing can be rebuilt without these two
+            found += [f"chat template: {f.feature}: {f.detail}" for f in self.features if f.feature in NEEDED and not f.ok]
+        return found
 
     @property
     def ok(self) -> bool:
@@ -100,14 +107,17 @@ def classify_marker(text: str, end_of_turn: str, tokenizer) -> str:
 
 
 def render_probe(tokenizer) -> str:
-    """The probe conversation rendered by the chat template ('' when the tokenizer has none)."""
+    """The probe conversation rendered by the chat template ('' when the tokenizer has none, or it refuses every
+    form of the probe: with tools, plain turns, one exchange)."""
     if not tokenizer.chat_template:
         return ""
-    try:
-        return tokenizer.apply_chat_template(PROBE_MESSAGES, tools=PROBE_TOOLS, tokenize=False)
-    except Exception:  # a template may reject tools or tool turns; fall back to plain turns
-        plain = [{"role": m["role"], "content": m["content"]} for m in PROBE_MESSAGES if m["role"] != "tool"]
-        return tokenizer.apply_chat_template(plain, tokenize=False)
+    plain = [{"role": m["role"], "content": m["content"]} for m in PROBE_MESSAGES if m["role"] != "tool"]
+    for messages, tools in ((PROBE_MESSAGES, PROBE_TOOLS), (plain, None), (plain[1:3], None)):
+        try:
+            return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+        except Exception:  # a template may reject tools, tool turns, a system turn or two replies in a row
+            continue
+    return ""
 
 
 def added_tokens(tokenizer) -> dict[str, int]:
@@ -184,6 +194,7 @@ def run_preflight(cfg: TargetConfig, tokenizer=None) -> PreflightReport:
         trust_remote_code=cfg.trust_remote_code,
         has_template=bool(tokenizer.chat_template),
         checks=checks,
+        features=template_format(tokenizer).probes if isinstance(tokenizer.chat_template, str) else (),
     )
 
 
@@ -213,6 +224,18 @@ def render_table(report: PreflightReport):
     return table
 
 
+def render_features(report: PreflightReport):
+    """What the chat template renders of a turn, as a rich table (the turns `template` writes)."""
+    from rich.table import Table
+
+    table = Table(title=f"chat template features (chat format {report.chat_format})")
+    for column in ("feature", "status", "detail"):
+        table.add_column(column)
+    for f in report.features:
+        table.add_row(f.feature, "ok" if f.ok else "[yellow]no[/yellow]", f.detail)
+    return table
+
+
 def report_markdown(report: PreflightReport) -> str:
     lines = [
         f"# Preflight: `{report.target}`",
@@ -231,6 +254,9 @@ def report_markdown(report: PreflightReport) -> str:
         text = c.text.replace("|", "\\|")
         decoded = (c.decodes_to or "").replace("|", "\\|")
         lines.append(f"| `{text}` | {c.role} | {c.token_id} | {pinned} | `{decoded}` | {c.encodes_to} | {status} |")
+    if report.features:
+        lines += ["", "What the chat template renders of a turn:", "", "| feature | status | detail |", "|---|---|---|"]
+        lines += [f"| {f.feature} | {'ok' if f.ok else 'no'} | {f.detail.replace('|', chr(92) + '|')} |" for f in report.features]
     return "\n".join(lines)
 
 

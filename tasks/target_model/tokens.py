@@ -2,7 +2,13 @@
 
 Works for every tokenizer class a target ships: fast byte-level BPE (a Rust `backend_tokenizer`),
 slow `PreTrainedTokenizer`s over tiktoken (Kimi's `TikTokenTokenizer`, no backend and no offsets),
-and SentencePiece-style vocabularies. Offsets come from the tokens' own bytes, not from the backend.
+and SentencePiece vocabularies (`▁` for a space, `<0xNN>` byte fallback). Offsets come from the tokens' own
+bytes, not from the backend.
+
+SentencePiece's dummy prefix: a Llama-2 / Phi-3 style tokenizer writes a space before every run of text it
+encodes (at the start, and after each special token), which the text never had. Such a run's first token carries
+it, and decoding drops it there. A generated reply continues the prompt's run, so its first run gets none
+(`encode_reply`): the model wrote `Hi` after `\n`, not `▁Hi`.
 """
 
 from __future__ import annotations
@@ -76,6 +82,37 @@ class TokenCodec:
         self.backend = getattr(tokenizer, "backend_tokenizer", None)
         self.table, self.exact = self._bytes_table()
         self.lengths = np.fromiter((len(b) for b in self.table), dtype=np.int64, count=len(self.table))
+        self.added_ids = frozenset(self.added.values())
+        self.dummy_prefix = not self.exact and self._writes_dummy_prefix()
+        if not self.exact and not self.dummy_prefix:  # SentencePiece without one (Gemma): its bytes are its text
+            self.exact = self._joins_as_decoded(" Hello  world\n\tÄpfel 🦙 x")
+        self.continuing = self._continuing_backend() if self.dummy_prefix else None
+
+    def _writes_dummy_prefix(self) -> bool:
+        ids = self.encode("a")
+        return bool(ids) and self.table[ids[0]] in (b" a", b" ")
+
+    def _joins_as_decoded(self, probe: str) -> bool:
+        ids = self.encode(probe)
+        return self.decode_bytes(ids) == probe.encode("utf-8") == self.tokenizer.decode(ids).encode("utf-8")
+
+    def _continuing_backend(self):
+        """The backend without its dummy prefix: how a run that continues earlier text is encoded."""
+        import json
+
+        from tokenizers import Tokenizer
+
+        spec = json.loads(self.backend.to_str())
+        normalizer = spec.get("normalizer") or {}
+        if normalizer.get("type") == "Sequence":
+            normalizer["normalizers"] = [n for n in normalizer["normalizers"] if n.get("type") != "Prepend"]
+        elif normalizer.get("type") == "Prepend":
+            spec["normalizer"] = None
+        steps = [spec.get("pre_tokenizer") or {}, *(spec.get("pre_tokenizer") or {}).get("pretokenizers", [])]
+        for step in steps:
+            if step.get("type") == "Metaspace":
+                step["prepend_scheme"] = "never"
+        return Tokenizer.from_str(json.dumps(spec))
 
     def _bytes_table(self) -> tuple[np.ndarray, bool]:
         """(V,) object array of each id's bytes, and whether joining them is exactly what decoding gives."""
@@ -116,11 +153,35 @@ class TokenCodec:
             return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
         return [self.encode(t) for t in texts]
 
-    def decode(self, ids) -> str:
-        """Text of `ids`; byte-exact vocabularies join token bytes (a cut multi-byte char becomes U+FFFD)."""
+    def encode_reply(self, text: str, after_special: bool = False) -> list[int]:
+        """A generated turn's ids: one pass, its first run continuing the prompt's (no dummy prefix), unless the
+        prompt ended in a special token (then the reply starts a run of its own)."""
+        if self.continuing is None or after_special:
+            return self.encode(text)
+        cut = min((i for i in (text.find(t) for t in self.added if t) if i >= 0), default=len(text))
+        head = self.continuing.encode(text[:cut], add_special_tokens=False).ids if cut else []
+        return head + (self.encode(text[cut:]) if cut < len(text) else [])
+
+    def ends_in_special(self, ids) -> bool:
+        return bool(len(ids)) and int(ids[-1]) in self.added_ids
+
+    def decode(self, ids, reply: bool = False) -> str:
+        """Text of `ids`; byte-exact vocabularies join token bytes (a cut multi-byte char becomes U+FFFD); with a
+        dummy prefix, each run's first token loses its space (`reply`: the first run continues earlier text)."""
         if self.exact:
             return self.decode_bytes(ids).decode("utf-8", errors="replace")
+        if self.dummy_prefix:
+            return self.run_text(ids, reply).decode("utf-8", errors="replace")
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def run_text(self, ids, reply: bool = False) -> bytes:
+        parts, starts = [], not reply
+        for token_id in map(int, ids):
+            raw = self.bytes_of(token_id)
+            special = token_id in self.added_ids
+            parts.append(raw[1:] if starts and not special and raw.startswith(b" ") else raw)
+            starts = special
+        return b"".join(parts)
 
     def decode_bytes(self, ids) -> bytes:
         return b"".join(self.table[np.asarray(ids, dtype=np.int64)])
@@ -128,6 +189,8 @@ class TokenCodec:
     def round_trips(self, ids, text: str) -> bool:
         if self.exact:
             return self.decode_bytes(ids) == text.encode("utf-8")
+        if self.dummy_prefix:
+            return self.run_text(ids) == text.encode("utf-8")
         return self.tokenizer.decode(list(ids), skip_special_tokens=False) == text
 
 

@@ -29,7 +29,8 @@ def played_row(tokenizer, row: dict, chat_format: ChatFormat, end_of_turn: EndOf
     ids = completion_ids(row["token_ids"], end_of_turn, row.get("finish_reason") == "length")
     if ids and ids[-1] in end_of_turn.ids:
         ids = ids[:-1]
-    reply = chat_format.parse(tokens.decode(ids), tokens.decode(row["prompt_token_ids"]))
+    prompt = row["prompt_token_ids"]
+    reply = chat_format.parse(tokens.decode(ids, reply=not tokens.ends_in_special(prompt)), tokens.decode(prompt))
     calls = [{**c.as_openai(), "id": c.id or f"call_{i}"} for i, c in enumerate(reply.tool_calls)]
     return {
         "id": row["id"],

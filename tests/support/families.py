@@ -159,3 +159,79 @@ def family_tokenizer(family: Family, demo_tokenizer, deepseek_tokenizer, workdir
         tokenizer.add_tokens([AddedToken(m, special=True, normalized=False) for m in missing], special_tokens=True)
     tokenizer.chat_template = template_text(family)
     return tokenizer, TargetConfig(model=family.name, chat_format=family.name)
+
+
+@dataclass(frozen=True)
+class TemplateFamily:
+    """A family with no module of its own: its real template, the most real tokenizer to hand, and what preflight's
+    feature table must say of it."""
+
+    name: str
+    template: str  # file in the llama.cpp corpus
+    tokenizer: str  # a vocab-only GGUF of the corpus (ggml-vocab-NAME.gguf), "demo" or "kimi"
+    resolves_to: str  # what `chat_format: auto` picks
+    features: frozenset[str]  # the features the template renders in full
+    markers: tuple[str, ...] = ()  # added as special tokens where the vocabulary lacks them
+    eos: str | None = None
+    kwargs: tuple[dict, ...] = ({},)
+
+
+EVERY_FEATURE = frozenset({"content", "end of turn", "reasoning", "tool calls", "history", "round trip"})
+PLAIN = frozenset({"content", "end of turn", "history", "round trip"})
+TEMPLATE_FAMILIES = {
+    f.name: f
+    for f in [
+        TemplateFamily(
+            "gemma-4", "google-gemma-4-31B-it.jinja", "gemma-4", "template", EVERY_FEATURE,
+            kwargs=({}, {"enable_thinking": True}),
+        ),
+        TemplateFamily(
+            "mistral-small-3.2", "Mistral-Small-3.2-24B-Instruct-2506.jinja", "demo", "template", PLAIN | {"tool calls"},
+            ("<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]",
+             "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
+            eos="</s>",
+        ),
+        TemplateFamily("phi-3.5", "microsoft-Phi-3.5-mini-instruct.jinja", "phi-3", "template", PLAIN),
+        TemplateFamily(
+            "minimax-m2", "MiniMax-M2.jinja", "demo", "template", EVERY_FEATURE,
+            ("]~!b[", "]~b]", "[e~[", "<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"), eos="[e~[",
+        ),
+        TemplateFamily(
+            "kimi-k3", "Kimi-K3.jinja", "kimi", "template", EVERY_FEATURE,
+            ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"),
+        ),
+        TemplateFamily("smollm3", "HuggingFaceTB-SmolLM3-3B.jinja", "demo", "chatml", PLAIN, ("<think>", "</think>")),
+        TemplateFamily(
+            "granite-4", "ibm-granite-granite-4.0.jinja", "demo", "template", PLAIN | {"tool calls"},
+            ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<tool_call>", "</tool_call>", "<tool_response>",
+             "</tool_response>"),
+            eos="<|end_of_text|>",
+        ),
+    ]
+}  # fmt: skip
+
+
+def template_family_tokenizer(family: TemplateFamily, demo_tokenizer, workdir: Path):
+    """(tokenizer, target config with chat_format auto) for a family without a module, its real template set."""
+    from tokenizers import AddedToken
+
+    from tasks.target_model.loader import gguf_vocab_tokenizer, load_tokenizer
+
+    template = fetch(chat_template(family.template)).read_text(encoding="utf-8")
+    if family.tokenizer == "kimi":
+        directory = kimi_model_dir(workdir / family.name, template, family.markers)
+        target = TargetConfig(model=family.name, source="hf_dir", path=directory, trust_remote_code=True)
+        return load_tokenizer(target), target
+    if family.tokenizer == "demo":
+        backend = demo_tokenizer.backend_tokenizer
+        tokenizer = demo_tokenizer.__class__(
+            tokenizer_object=backend.__class__.from_str(backend.to_str()), eos_token=family.eos or "<|im_end|>"
+        )
+    else:
+        gguf = fetch(PackagedFile(*LLAMA_CPP, f"vendor/llama.cpp/models/ggml-vocab-{family.tokenizer}.gguf", sdist=True))
+        tokenizer = gguf_vocab_tokenizer(gguf)
+    missing = [m for m in family.markers if m not in tokenizer.get_added_vocab()]
+    if missing:
+        tokenizer.add_tokens([AddedToken(m, special=True, normalized=False) for m in missing], special_tokens=True)
+    tokenizer.chat_template = template
+    return tokenizer, TargetConfig(model=family.name)

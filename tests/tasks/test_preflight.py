@@ -58,11 +58,25 @@ def test_an_unknown_chat_format_is_a_named_error(demo_target):
         demo_target.model_copy(update={}).model_validate({"chat_format": "kimi-k9"})
 
 
-def test_a_template_no_format_matches_fails_preflight(demo_target, demo_tokenizer):
+def test_a_template_no_family_matches_writes_turns_itself_and_preflight_names_what_it_lacks(demo_target, demo_tokenizer):
     tokenizer = demo_tokenizer.__class__(tokenizer_object=demo_tokenizer.backend_tokenizer, eos_token="<|im_end|>")
-    tokenizer.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-    with pytest.raises(PreflightError, match="matches no known format"):
-        run_preflight(demo_target, tokenizer)
+    turns = "{% for m in messages %}{{ m.role }}: {{ m.content }}END\n{% endfor %}"
+    prompt = "{% if add_generation_prompt %}assistant: {% endif %}"
+    tokenizer.chat_template = turns.replace("END", "") + prompt
+    report = run_preflight(demo_target, tokenizer)
+    assert report.chat_format == "template" and not report.ok
+    assert report.problems == ["chat template: end of turn: no single token ends a turn ('')"]
+    tokenizer.chat_template = turns.replace("END", "<|im_end|>") + prompt
+    report = run_preflight(demo_target, tokenizer)
+    assert report.chat_format == "template" and report.ok, report.problems
+    assert {f.feature: f.ok for f in report.features} == {
+        "content": True,
+        "end of turn": True,
+        "reasoning": False,
+        "tool calls": False,
+        "history": True,
+        "round trip": True,
+    }
 
 
 def test_trust_remote_code_is_reported(demo_target, demo_tokenizer):
