@@ -125,6 +125,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("provider_reply_count", pa.int32()),
             ("provider_reasoning_count", pa.int32()),
             ("count_verdict", pa.string()),  # count_verified | reply_count_mismatch | prompt_count_mismatch | uncounted
+            # Whitespace a provider dropped at a parser join: restored (the count settled it) | unsettled | null (not
+            # tried: the row was on its count, or its ids came from the server) (tasks/reconstruct/whitespace.py).
+            ("whitespace", pa.string()),
         ]
     ),
     # Per-row trust in the ids (validate stage output).
@@ -186,7 +189,7 @@ COUNT_COLUMNS = [
 # Columns added after a table's first version: a file written before them reads with nulls there.
 LATER_COLUMNS: dict[str, set[str]] = {
     "generations": {"reasoning_kind", "template_kwargs", "created", "origin", "reasoning_tokens", "cached_tokens"},
-    "reconstructed": {"origin", *COUNT_COLUMNS},
+    "reconstructed": {"origin", *COUNT_COLUMNS, "whitespace"},
     "merged": {"origin"},
     "validation": {"count_verdict", "prompt_count_ok", "reply_count_ok"},
 }

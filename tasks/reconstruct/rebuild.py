@@ -16,6 +16,7 @@ from tasks.reconstruct.counts import CountCheck, ReasoningSpan, Reported, check_
 from tasks.reconstruct.guided import GUIDED
 from tasks.reconstruct.methods import Rebuilt, from_logprobs, from_server_ids, reencode
 from tasks.reconstruct.render import ChatTurn, RenderedTurn, RowError, parse_turn, render_turns
+from tasks.reconstruct.whitespace import Habits, learn_habits, restore_whitespace
 from tasks.target_model.chat import chat_format_of, resolve_end_of_turn
 from tasks.target_model.formats import ChatFormat
 from tasks.target_model.tokens import EndOfTurn, byte_vocab
@@ -94,7 +95,9 @@ def count_check(tokenizer, row: dict, turn: ChatTurn, rendered: RenderedTurn, re
     )
 
 
-def rows_table(turns: list[ChatTurn], rendered: list[RenderedTurn], rebuilt: list[Rebuilt], counts: list[CountCheck]) -> pa.Table:
+def rows_table(
+    turns: list[ChatTurn], rendered: list[RenderedTurn], rebuilt: list[Rebuilt], counts: list[CountCheck], whitespace: list
+) -> pa.Table:
     """A `reconstructed` table; token lists are built from flat numpy arrays, not Python lists."""
     lengths = np.fromiter((len(r.input_ids) for r in rebuilt), dtype=np.int32, count=len(rebuilt))
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32))
@@ -121,6 +124,7 @@ def rows_table(turns: list[ChatTurn], rendered: list[RenderedTurn], rebuilt: lis
             "prompt_text": [r.prompt_text for r in rendered],
             "origin": [t.origin for t in turns],
             **count_columns(counts),
+            "whitespace": whitespace,
         }
     )
     return conform("reconstructed", table)
@@ -134,6 +138,7 @@ class Prepared:
     turns: list[ChatTurn]
     rendered: list[RenderedTurn]
     quarantine: list[dict]
+    chat_format: ChatFormat | None = None
 
 
 def _refusal(row: dict, error: RowError) -> dict:
@@ -144,7 +149,7 @@ def prepare_rows(
     tokenizer, rows: list[dict], chat_format: ChatFormat, config: ReconstructConfig, history_arguments: str = "object"
 ) -> Prepared:
     """Parse and render (pure Python: this is what overlaps with the previous chunk's encode)."""
-    prepared = Prepared([], [], [], [])
+    prepared = Prepared([], [], [], [], chat_format)
     parsed = []
     for row in rows:
         try:
@@ -170,22 +175,38 @@ def finish_rows(
     config: ReconstructConfig,
     end_of_turn: EndOfTurn,
     conventions: Callable[[str], CountConvention],
+    habits: Habits,
 ) -> RebuildResult:
-    """Get ids by each row's method, apply the per-row rules, table what passes."""
+    """Get ids by each row's method, apply the per-row rules, restore whitespace a provider dropped where the count
+    settles it, table what passes."""
     results = rebuild_turns(tokenizer, prepared.rows, prepared.turns, prepared.rendered, list(config.methods), end_of_turn)
     quarantine = list(prepared.quarantine)
-    keep_turns, keep_rendered, keep_rebuilt, counts, spans = [], [], [], [], {}
+    keep_turns, keep_rendered, keep_rebuilt, counts, whitespace, spans = [], [], [], [], [], {}
     for row, turn, r, result in zip(prepared.rows, prepared.turns, prepared.rendered, results, strict=True):
         error = result if isinstance(result, RowError) else check_rebuilt(turn, result, target.max_length)
         if error is not None:
             quarantine.append(_refusal(row, error))
             continue
+        check = count_check(tokenizer, row, turn, r, result, conventions(turn.source))
+        status = None
+        if result.method in ("reencode", GUIDED) and check.reply_ok is False and check.expected_reply > check.reply_tokens:
+            habit = habits.get(turn.source, {})
+            status, restored = restore_whitespace(
+                tokenizer, turn, r, prepared.chat_format, config.echoed_reasoning, check.expected_reply, habit
+            )
+            if restored is not None:
+                r, method = restored, result.method
+                result = reencode(tokenizer, [r])[0]
+                result.method = method
+                check = count_check(tokenizer, row, turn, r, result, conventions(turn.source))
+        whitespace.append(status)
         keep_turns.append(turn)
         keep_rendered.append(r)
         keep_rebuilt.append(result)
-        counts.append(count_check(tokenizer, row, turn, r, result, conventions(turn.source)))
+        counts.append(check)
         spans[turn.id] = (r.generated, r.reasoning)
-    return RebuildResult(rows_table(keep_turns, keep_rendered, keep_rebuilt, counts), quarantine, end_of_turn, spans)
+    table = rows_table(keep_turns, keep_rendered, keep_rebuilt, counts, whitespace)
+    return RebuildResult(table, quarantine, end_of_turn, spans)
 
 
 def rebuild_rows(
@@ -203,13 +224,14 @@ def rebuild_rows(
     """
     end_of_turn = resolve_end_of_turn(tokenizer, target)
     chat_format = chat_format_of(tokenizer, target)
+    habits = learn_habits(tokenizer, rows, chat_format, end_of_turn)  # what the model writes at each parser join
     chunks = [rows[i : i + config.pipeline_rows] for i in range(0, len(rows), config.pipeline_rows)] or [[]]
     results: list[RebuildResult] = []
     with ThreadPoolExecutor(max_workers=config.encode_threads, thread_name_prefix="reconstruct-encode") as encoders:
         in_flight: deque = deque()
         for chunk in chunks:
             prepared = prepare_rows(tokenizer, chunk, chat_format, config, target.history_arguments)
-            in_flight.append(encoders.submit(finish_rows, tokenizer, prepared, target, config, end_of_turn, conventions))
+            in_flight.append(encoders.submit(finish_rows, tokenizer, prepared, target, config, end_of_turn, conventions, habits))
             while len(in_flight) > config.encode_threads:
                 results.append(in_flight.popleft().result())
         results.extend(f.result() for f in in_flight)

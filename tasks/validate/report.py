@@ -71,7 +71,7 @@ def rates_frame(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 HINT_COLUMNS = ["source", "method", "finish_reason", "prompt_count", "reply_count", "provider_prompt_count"]
-HINT_COLUMNS += ["provider_reply_count", "reasoning_count", "provider_reasoning_count"]
+HINT_COLUMNS += ["provider_reply_count", "reasoning_count", "provider_reasoning_count", "whitespace"]
 
 
 def _usual_gap(gap: pd.Series) -> tuple[int, int] | None:
@@ -99,9 +99,22 @@ def convention_hints(rebuilt: pd.DataFrame) -> dict[str, str]:
             found.append(f"prompt {prompt[0]:+d} on {prompt[1]} of {len(served)} rows with server ids ({fix})")
         if found:
             hints[source] = "counts disagree with the true ids: " + "; ".join(found)
-    for source, unreliable in unreliable_reasoning(rebuilt).items():
-        hints[source] = "; ".join(filter(None, [hints.get(source), unreliable]))
+    for source, note in [*unreliable_reasoning(rebuilt).items(), *restored_whitespace(rebuilt).items()]:
+        hints[source] = "; ".join(filter(None, [hints.get(source), note]))
     return hints
+
+
+def restored_whitespace(rebuilt: pd.DataFrame) -> dict[str, str]:
+    """Per source with rows off their count by whitespace a provider dropped at a parser join: how many the count
+    settled (restored) and how many it could not (left off their count)."""
+    tried = rebuilt[rebuilt["whitespace"].notna()] if "whitespace" in rebuilt else rebuilt.iloc[:0]
+    out = {}
+    for source, rows in tried.groupby("source"):
+        restored = int((rows["whitespace"] == "restored").sum())
+        out[source] = (
+            f"whitespace dropped at parser joins restored on {restored} rows, {len(rows) - restored} left off their count"
+        )
+    return out
 
 
 def unreliable_reasoning(rebuilt: pd.DataFrame) -> dict[str, str]:

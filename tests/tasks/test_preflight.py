@@ -2,7 +2,7 @@ import pytest
 
 from tasks.config import TargetConfig
 from tasks.target_model.chat import resolve_end_of_turn
-from tasks.target_model.preflight import PreflightError, run_preflight
+from tasks.target_model.preflight import run_preflight
 
 
 def test_smollm2_gguf_passes(demo_target, demo_tokenizer):

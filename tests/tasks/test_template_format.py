@@ -55,7 +55,8 @@ def test_rows_rebuild_exactly_from_canonical_ids_and_never_semantic_from_sampled
         if piecewise:
             assert not classes["semantic"], [(r["id"], v.rebuilt_context) for r, v in verdicts if v.klass == "semantic"][:3]
         else:
-            assert classes == {"exact": len(rows)}, [(r["id"], v.klass, v.rebuilt_context) for r, v in verdicts if v.klass != "exact"][:3]
+            off = [(r["id"], v.klass, v.rebuilt_context) for r, v in verdicts if v.klass != "exact"]
+            assert classes == {"exact": len(rows)}, off[:3]
 
 
 def api_row(row_id: str, content: str, reasoning: str | None = None, calls: tuple = ()) -> dict:
