@@ -211,8 +211,11 @@ class ByteVocab:
 
     def __init__(self, tokenizer):
         tokens = codec(tokenizer)
-        if not tokens.exact:
-            raise TokenResolutionError("logprob bytes can be mapped only for byte-exact vocabularies (byte-level BPE, tiktoken)")
+        if not tokens.exact and not tokens.dummy_prefix:
+            raise TokenResolutionError(
+                "logprob bytes can be mapped only for vocabularies whose tokens' bytes are their text "
+                "(byte-level BPE, tiktoken, SentencePiece)"
+            )
         self.added = tokens.added
         added_ids = set(self.added.values())
         self.by_bytes = {raw: i for i, raw in enumerate(tokens.table) if raw and i not in added_ids}

@@ -68,24 +68,52 @@ def test_gemma_4_writes_no_dummy_prefix_so_its_bytes_are_its_text():
     assert not tokens.dummy_prefix and tokens.exact
 
 
-def test_llama_spm_rows_through_the_phi_3_5_template_rebuild_exactly(demo_tokenizer, tmp_path):
-    """Phi-3's vocabulary is Llama-2's SentencePiece one plus its chat markers: the pairing is the real one."""
-    family = TEMPLATE_FAMILIES["phi-3.5"]
-    tokenizer = gguf_vocab_tokenizer(resolve_path(str(vocab_target("llama-spm").path)))  # its own: markers get added
-    phi, target = template_family_tokenizer(family, demo_tokenizer, tmp_path)
+def llama_spm_chat(demo_tokenizer, workdir):
+    """Llama-2's SentencePiece vocabulary with Phi-3.5's markers and real template: Phi-3's vocabulary is that one
+    plus its chat markers, so the pairing is the real one. (tokenizer, target)"""
     from tokenizers import AddedToken
 
+    phi, target = template_family_tokenizer(TEMPLATE_FAMILIES["phi-3.5"], demo_tokenizer, workdir)
+    tokenizer = gguf_vocab_tokenizer(resolve_path(str(vocab_target("llama-spm").path)))  # its own: markers get added
     markers = ["<|user|>", "<|assistant|>", "<|end|>", "<|system|>"]
     tokenizer.add_tokens([AddedToken(m, special=True, normalized=False) for m in markers], special_tokens=True)
     tokenizer.chat_template = phi.chat_template
-    assert chat_format_of(tokenizer, target).name == "template"
+    return tokenizer, target
+
+
+def test_llama_spm_rows_through_the_phi_3_5_template_rebuild_exactly(demo_tokenizer, tmp_path):
+    tokenizer, target = llama_spm_chat(demo_tokenizer, tmp_path)
+    fmt = chat_format_of(tokenizer, target)
+    assert fmt.name == "template"
     eot = resolve_end_of_turn(tokenizer, target)
-    shapes = tuple(s for s in SHAPES if s not in ("calls",))
+    shapes = tuple(s for s in SHAPES if s != "calls")
     for piecewise in (False, True):
-        rows = family_rows(
-            tokenizer, "phi-3.5", ({},), n=20, piecewise=piecewise, fmt=chat_format_of(tokenizer, target), shapes=shapes
-        )
+        rows = family_rows(tokenizer, "phi-3.5", ({},), n=20, piecewise=piecewise, fmt=fmt, shapes=shapes)
         verdicts = simulate_rows(tokenizer, rows, target, eot, context=3)
         classes = Counter(v.klass for _, v in verdicts)
         assert not classes["semantic"], [(r["id"], v.rebuilt_context) for r, v in verdicts if v.klass == "semantic"][:2]
         assert classes["exact"] + classes["bpe_only"] == 20 and (piecewise or classes["exact"] == 20), classes
+
+
+def test_guided_re_splits_sentencepiece_replies_keeping_every_byte(demo_tokenizer, tmp_path):
+    """`guided` over Llama-2's SentencePiece vocabulary: a small Llama with that vocabulary scores the re-splits (its
+    weights are random: what is proven is the mechanics, not which split wins): every row keeps its bytes and none
+    turns semantic."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tasks.config import GuidedConfig
+    from tasks.reconstruct.guided import guide
+    from tasks.validate.simulate import replay_rows, simulate_guided
+
+    tokenizer, target = llama_spm_chat(demo_tokenizer, tmp_path)
+    torch.manual_seed(0)
+    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), **shape)).eval()
+    fmt, eot = chat_format_of(tokenizer, target), resolve_end_of_turn(tokenizer, target)
+    rows = family_rows(tokenizer, "phi-3.5", ({},), n=12, fmt=fmt, shapes=("text", "history", "cut"))
+    replayed = replay_rows(tokenizer, rows, target, eot)
+    search = lambda spans: guide(model, tokenizer, spans, GuidedConfig())  # noqa: E731
+    verdicts, stats = simulate_guided(search, tokenizer, replayed, GuidedConfig(), context=3)
+    assert len(verdicts) == 12 and not [v for _, v, _ in verdicts if v.klass == "semantic"], verdicts[:2]
+    assert sum(s["searched"] for s in stats.values()) > 0
