@@ -16,7 +16,7 @@ from tasks.reconstruct.counts import CountCheck, ReasoningSpan, Reported, check_
 from tasks.reconstruct.guided import GUIDED
 from tasks.reconstruct.methods import Rebuilt, from_logprobs, from_server_ids, reencode
 from tasks.reconstruct.render import ChatTurn, RenderedTurn, RowError, parse_turn, render_turns
-from tasks.reconstruct.whitespace import Habits, learn_habits, restore_whitespace
+from tasks.reconstruct.whitespace import Habits, Scorer, learn_habits, restore_whitespace
 from tasks.target_model.chat import chat_format_of, resolve_end_of_turn
 from tasks.target_model.formats import ChatFormat
 from tasks.target_model.tokens import EndOfTurn, byte_vocab
@@ -176,6 +176,7 @@ def finish_rows(
     end_of_turn: EndOfTurn,
     conventions: Callable[[str], CountConvention],
     habits: Habits,
+    score: Scorer | None = None,
 ) -> RebuildResult:
     """Get ids by each row's method, apply the per-row rules, restore whitespace a provider dropped where the count
     settles it, table what passes."""
@@ -192,7 +193,7 @@ def finish_rows(
         if result.method in ("reencode", GUIDED) and check.reply_ok is False and check.expected_reply > check.reply_tokens:
             habit = habits.get(turn.source, {})
             status, restored = restore_whitespace(
-                tokenizer, turn, r, prepared.chat_format, config.echoed_reasoning, check.expected_reply, habit
+                tokenizer, turn, r, prepared.chat_format, config.echoed_reasoning, check.expected_reply, habit, score
             )
             if restored is not None:
                 r, method = restored, result.method
@@ -215,9 +216,11 @@ def rebuild_rows(
     target: TargetConfig,
     config: ReconstructConfig,
     conventions: Callable[[str], CountConvention] = lambda source: CountConvention(),
+    score: Scorer | None = None,
 ) -> RebuildResult:
     """Generation rows -> reconstructed table + quarantine records (each naming the row, reason and field), each
-    row's counts checked against the provider's under its source's convention (`conventions(source)`).
+    row's counts checked against the provider's under its source's convention (`conventions(source)`); `score`: the
+    target's likelihood, that a whitespace restoration must agree with (tasks/reconstruct/whitespace.py).
 
     Rows go through in chunks: `encode_threads` workers encode (the tokenizer releases the GIL, so
     they run on separate cores) while the caller's thread renders the next chunk.
@@ -231,7 +234,9 @@ def rebuild_rows(
         in_flight: deque = deque()
         for chunk in chunks:
             prepared = prepare_rows(tokenizer, chunk, chat_format, config, target.history_arguments)
-            in_flight.append(encoders.submit(finish_rows, tokenizer, prepared, target, config, end_of_turn, conventions, habits))
+            in_flight.append(
+                encoders.submit(finish_rows, tokenizer, prepared, target, config, end_of_turn, conventions, habits, score)
+            )
             while len(in_flight) > config.encode_threads:
                 results.append(in_flight.popleft().result())
         results.extend(f.result() for f in in_flight)

@@ -54,7 +54,7 @@ def build_shard(config: RunConfig, shard: Shard) -> dict:
     rows = read_table("generations", Path(shard.source)).slice(shard.start, shard.stop - shard.start).to_pylist()
     methods = config.reconstruct.model_copy(update={"methods": text_methods(config)})
     conventions = config.generate.count_convention
-    result = rebuild_rows(tokenizer, rows, config.target, methods, conventions)
+    result = rebuild_rows(tokenizer, rows, config.target, methods, conventions, whitespace_scorer(config))
     table, guided, changed = result.table, None, set()
     if guided_runs(config):
         search = guided_search(config, tokenizer, stage_dir(config, "reconstruct"))
@@ -67,6 +67,17 @@ def build_shard(config: RunConfig, shard: Shard) -> dict:
     write_table("quarantine", result.quarantine + refused, out / quarantine)
     write_table("reconstructed", pa.Table.from_pylist(rebuilt, schema=table.schema), out / output)
     return {"rows": len(rebuilt), "quarantined": len(result.quarantine) + len(refused), "guided": guided}
+
+
+def whitespace_scorer(config: RunConfig):
+    """The target's likelihood for whitespace restorations, where guided runs it in this process (None elsewhere)."""
+    if not guided_runs(config) or config.reconstruct.guided.backend != "transformers":
+        return None
+    from tasks.reconstruct.whitespace import likelihood
+    from tasks.target_model.loader import model_placement, shared_model
+
+    # Loaded when a restoration is first weighed (shared with guided's search, so once per process).
+    return lambda prompt, replies: likelihood(shared_model(config.target, *model_placement(config.compute)))(prompt, replies)
 
 
 def collect_quarantine(config: RunConfig, shards: list[Shard]) -> tuple[Path, int]:

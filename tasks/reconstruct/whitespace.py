@@ -9,14 +9,16 @@ token each in most vocabularies. What the model usually writes at each join is r
 carry ids (their decoded text, split by the chat format, keeps it, and their returned text shows the provider
 dropping it): its habit. A row off its count gets the habit's whitespace at every bare join where that reaches the
 provider's length; else where exactly one choice of those joins does. Without a habit nothing says what was
-dropped (a count off by one may be the provider's convention): the row is left as it is. Rows the count cannot
-settle stay as they were, off their count.
+dropped (a count off by one may be the provider's convention): the row is left as it is. Where guided runs, the
+target's likelihood must agree: other whitespace at the same joins with the same count must not be more likely.
+Rows the count cannot settle stay as they were, off their count.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 
 from tasks.reconstruct.methods import completion_ids
@@ -27,7 +29,10 @@ from tasks.target_model.tokens import EndOfTurn, codec
 RESTORED, UNSETTLED = "restored", "unsettled"  # the `whitespace` column of a row it was tried on
 JOINS = (("reasoning", "start"), ("reasoning", "end"), ("content", "start"), ("content", "end"))
 HABIT_SHARE = 0.8  # of a source's rows with ids that agree on a join's whitespace, for it to be the habit
+SPACES = ("\n", "\n\n", " ")  # what else a model may write at a join, for the likelihood to weigh
+MARGIN_NATS = 1.0  # how much more likely other whitespace of the same count must be to unsettle a restoration
 
+Scorer = Callable[[list[int], list[list[int]]], list[float]]  # prompt ids, reply ids -> log-likelihood of each
 Habits = dict[str, dict[tuple[str, str], str]]  # source -> join -> the whitespace the model writes there ("": none)
 
 
@@ -94,10 +99,12 @@ def restore_whitespace(
     echoed: str,
     expected_reply: int,
     habit: dict[tuple[str, str], str],
+    score: Scorer | None = None,
 ) -> tuple[str | None, RenderedTurn | None]:
     """(RESTORED, the row rendered with the one restoration whose reply has `expected_reply` tokens, end-of-turn token
-    included on a finished reply), (UNSETTLED, None) where none or several different ones do, (None, None) where the
-    source has no habit at the row's bare joins."""
+    included on a finished reply), (UNSETTLED, None) where none or several different ones do, or where `score` (the
+    target's log-likelihood of replies after the prompt, where guided runs) prefers other whitespace of the same
+    count by more than MARGIN_NATS; (None, None) where the source has no habit at the row's bare joins."""
     tokens = codec(tokenizer)
     prompt = rendered.text[: rendered.gen_start]
     after_special = tokens.dummy_prefix and tokens.ends_in_special(tokens.encode(prompt))
@@ -112,13 +119,42 @@ def restore_whitespace(
 
     if not joins or not all(j in habit for j in joins):  # no habit there: nothing says what was dropped
         return None, None
-    usual = fitting({j: habit[j] for j in joins})  # the model's usual whitespace at every join first
-    if usual is not None:
-        return RESTORED, usual
-    fits: dict[str, RenderedTurn] = {}
-    for keep in itertools.product((False, True), repeat=len(joins)):
-        spaces = {j: habit[j] for j, kept in zip(joins, keep, strict=True) if kept and habit[j]}
-        tried = fitting(spaces) if spaces else None
-        if tried is not None:
-            fits[tried.generated] = tried
-    return (RESTORED, next(iter(fits.values()))) if len(fits) == 1 else (UNSETTLED, None)
+    chosen = fitting({j: habit[j] for j in joins})  # the model's usual whitespace at every join first
+    if chosen is None:
+        fits = {}
+        for keep in itertools.product((False, True), repeat=len(joins)):
+            spaces = {j: habit[j] for j, kept in zip(joins, keep, strict=True) if kept and habit[j]}
+            tried = fitting(spaces) if spaces else None
+            fits |= {tried.generated: tried} if tried is not None else {}
+        chosen = next(iter(fits.values())) if len(fits) == 1 else None
+    if chosen is None:
+        return UNSETTLED, None
+    if score is not None:  # the same count with other whitespace at the joins: the likelihood must agree
+        rivals = {
+            tried.generated
+            for spaces in itertools.product(("", *SPACES), repeat=len(joins))
+            if (tried := fitting(dict(zip(joins, spaces, strict=True)))) is not None and tried.generated != chosen.generated
+        }
+        if rivals:
+            ids = tokens.encode(prompt)
+            mine, *theirs = score(ids, [tokens.encode_reply(t, after_special) for t in [chosen.generated, *rivals]])
+            if max(theirs) > mine + MARGIN_NATS:
+                return UNSETTLED, None
+    return RESTORED, chosen
+
+
+def likelihood(model) -> Scorer:
+    """The target's log-likelihood of each reply after the prompt (one forward each: only restored rows are scored)."""
+    import torch
+
+    def score(prompt: list[int], replies: list[list[int]]) -> list[float]:
+        out = []
+        for reply in replies:
+            ids = torch.tensor([prompt + reply], device=model.device)
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+            picked = torch.log_softmax(logits, -1).gather(1, ids[0, len(prompt) :, None])
+            out.append(float(picked.sum()))
+        return out
+
+    return score

@@ -71,11 +71,12 @@ def stripped_rows(tokenizer, n: int, with_ids_every: int = 4, strays: float = 0.
     return out
 
 
-def outcomes(tokenizer, target, pairs: list[tuple[dict, str]]) -> Counter:
+def outcomes(tokenizer, target, pairs: list[tuple[dict, str]], score=None) -> Counter:
     """Per row: `kept` (on its count as returned: whole, or `unseen`, stripped to as many tokens), `restored` (to what
         the model wrote), `wrong` (restored to something else), `left` (off its count, unsettled); `too_long` rows (over
     target.max_length, with tools) are not rebuilt."""
-    result = rebuild_rows(tokenizer, [row for row, _ in pairs], target, ReconstructConfig(methods=["reencode"]))
+    config = ReconstructConfig(methods=["reencode"])
+    result = rebuild_rows(tokenizer, [row for row, _ in pairs], target, config, score=score)
     assert all(q["reason"] == "too_long" for q in result.quarantine), result.quarantine[:2]
     tokens, truth = codec(tokenizer), {row["id"]: text for row, text in pairs}
     found = Counter({"too_long": len(result.quarantine)})
