@@ -50,7 +50,8 @@ from bench.quality import (  # noqa: E402
     paired_gap,
     rows_for,
     run_settings,
-    train_and_score,
+    score,
+    train,
     vllm_summary,
 )
 from tasks.config import RunConfig, SourceConfig, load_config  # noqa: E402
@@ -284,7 +285,7 @@ def run_arm(demo: RunConfig, arm: str, budget: int, args) -> dict:
     result["hidden_dtype"] = json.loads((stage_dir(config, "extract") / "meta.json").read_text())["dtype"]
     if arm in ("c", "d"):
         result |= trained_classes(arm, budget)
-    return result | train_and_score(config, target, args, per_epoch)
+    return score(config, target, args, result | train(config, target, args, per_epoch))
 
 
 def speed(demo: RunConfig, budget: int, args) -> dict:
