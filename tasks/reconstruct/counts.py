@@ -68,8 +68,7 @@ def tokens_over(reply_ids: np.ndarray, tokenizer, text: str, start: int, stop: i
     """How many reply tokens cover characters [start, stop) of the generated text `text`."""
     if stop <= start:
         return 0
-    table = codec(tokenizer)
-    ends = np.cumsum([len(table.bytes_of(int(t))) for t in reply_ids])
+    ends = np.cumsum([len(piece) for piece in codec(tokenizer).pieces(reply_ids, reply=True)])
     lo, hi = len(text[:start].encode("utf-8")), len(text[:stop].encode("utf-8"))
     begins = ends - np.diff(np.concatenate([[0], ends]))
     return int(((ends > lo) & (begins < hi)).sum())

@@ -174,14 +174,18 @@ class TokenCodec:
             return self.run_text(ids, reply).decode("utf-8", errors="replace")
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-    def run_text(self, ids, reply: bool = False) -> bytes:
+    def pieces(self, ids, reply: bool = False) -> list[bytes]:
+        """Each token's bytes in the text `ids` decode to: a run's first token without its dummy space, if any."""
         parts, starts = [], not reply
         for token_id in map(int, ids):
             raw = self.bytes_of(token_id)
             special = token_id in self.added_ids
-            parts.append(raw[1:] if starts and not special and raw.startswith(b" ") else raw)
+            parts.append(raw[1:] if self.dummy_prefix and starts and not special and raw.startswith(b" ") else raw)
             starts = special
-        return b"".join(parts)
+        return parts
+
+    def run_text(self, ids, reply: bool = False) -> bytes:
+        return b"".join(self.pieces(ids, reply))
 
     def decode_bytes(self, ids) -> bytes:
         return b"".join(self.table[np.asarray(ids, dtype=np.int64)])
