@@ -29,7 +29,6 @@ PROBE_CALL = ToolCall("zq7_tool", json.dumps({"q": VALUE}), "a1b2c3d4e")  # 9 al
 USER, USER_2 = {"role": "user", "content": "Zq7question"}, {"role": "user", "content": "Zq7again"}
 # Template switches that turn reasoning on or off in the families that have them; the probes try each.
 THINKING_KWARGS = ({}, {"enable_thinking": True}, {"thinking": True}, {"enable_thinking": False}, {"thinking": False})
-FEATURES = ("content", "end of turn", "reasoning", "tool calls", "history", "round trip")
 
 
 def assistant_message(reply: Reply, row_id: str) -> dict:
@@ -115,7 +114,9 @@ class TemplateFormat(ChatFormat):
 
     @property
     def added_tokens(self) -> list[str]:
-        return [t for t in self.tokenizer.get_added_vocab() if t]
+        from tasks.target_model.tokens import codec
+
+        return [t for t in codec(self.tokenizer).added if t]
 
     def through_end(self, tail: str, row_id: str) -> str:
         """The rendered tail cut after its last end-of-turn token (what follows is the template's separator)."""
@@ -180,10 +181,6 @@ class TemplateFormat(ChatFormat):
             if text.startswith(before):
                 return Reply(text[len(before) :], "")
         return Reply(None, text)
-
-    def split_reasoning(self, text: str, prompt: str):
-        reply = self.parse(text, prompt)
-        return reply.reasoning, reply.content
 
     @property
     def markers(self) -> list[str]:
