@@ -49,6 +49,7 @@ def convert_gguf(gguf: Path) -> Path:
 
     log.info("converting %s to safetensors in %s (once)", gguf.name, out)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    spm_dummy_prefix(tokenizer.backend_tokenizer, gguf_vocabulary(gguf))
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # save_pretrained refuses a GGUF-loaded model while its quantization entry is present.
     for attr in ("quantization_config", "_pre_quantization_dtype"):
@@ -230,20 +231,32 @@ def gguf_vocab_tokenizer(path: Path):
     vocabulary-only file or an architecture transformers' config does not know still loads.
 
     A SentencePiece (`llama`) vocabulary gets its dummy prefix from a normalizer, as Llama-2's own tokenizer.json
-    does: transformers' GGUF conversion puts it in a pre-tokenizer, which splits a leading space apart and
-    disagrees with llama.cpp's reference tokenizations on text that starts with one.
+    does (here and in `convert_gguf`): transformers' GGUF conversion puts it in a pre-tokenizer, which splits a
+    leading space apart and disagrees with llama.cpp's reference tokenizations on text that starts with one.
     """
-    from tokenizers import normalizers
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf import get_gguf_tokenizer
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
     architecture, vocabulary, settings = get_gguf_tokenizer(str(path))
     backend, extra = convert_gguf_tokenizer(architecture, vocabulary)
+    spm_dummy_prefix(backend, vocabulary)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **settings, **extra)
+
+
+def gguf_vocabulary(path: Path) -> dict:
+    from transformers.integrations.gguf import get_gguf_tokenizer
+
+    return get_gguf_tokenizer(str(path))[1]
+
+
+def spm_dummy_prefix(backend, vocabulary: dict) -> None:
+    """A SentencePiece (`llama`) vocabulary that adds a dummy prefix gets it from a normalizer, in place."""
+    from tokenizers import normalizers
+
     if vocabulary.get("tokenizer_type") == "llama" and vocabulary.get("add_prefix_space", True):
         backend.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
         backend.pre_tokenizer = None
-    return PreTrainedTokenizerFast(tokenizer_object=backend, **settings, **extra)
 
 
 def load_tokenizer(cfg: TargetConfig):
