@@ -71,8 +71,16 @@ VARIANTS = {
 }
 
 
-def held_out_files(work: Path, per_kind: int) -> dict[str, Path]:
-    """Chat and code conversations (a reply with a code block is code) from the held-out slice, as OpenAI rows."""
+def held_out_kind(messages: list[dict], reply: dict, kinds: tuple[str, str]) -> str:
+    """`chat` / `code` (a reply with a code block is code), or `history` / `first` (a prompt with earlier turns, or
+    the conversation's first user turn alone)."""
+    if kinds == ("history", "first"):
+        return "history" if len(messages) > 1 else "first"
+    return "code" if "```" in (reply.get("content") or "") else "chat"
+
+
+def held_out_files(work: Path, per_kind: int, kinds: tuple[str, str] = ("chat", "code")) -> dict[str, Path]:
+    """Conversations of two kinds (held_out_kind) from the held-out slice, as OpenAI rows."""
     from tasks.config import SourceConfig
 
     rows = load_source(
@@ -86,26 +94,29 @@ def held_out_files(work: Path, per_kind: int) -> dict[str, Path]:
             replies="dataset",
         )
     ).rows
-    kinds: dict[str, list[dict]] = {"heldout_chat": [], "heldout_code": []}
+    picks: dict[str, list[dict]] = {f"heldout_{kind}": [] for kind in kinds}
     for row in rows:
-        kind = "heldout_code" if "```" in (row["reply"].get("content") or "") else "heldout_chat"
-        if len(kinds[kind]) < per_kind and len(row["reply"].get("content") or "") < 2000:
-            kinds[kind].append({"messages": json.loads(row["messages"]) + [row["reply"]]})
+        messages = json.loads(row["messages"])
+        kind = f"heldout_{held_out_kind(messages, row['reply'], kinds)}"
+        if len(picks[kind]) < per_kind and len(row["reply"].get("content") or "") < 2000:
+            picks[kind].append({"messages": messages + [row["reply"]]})
     files = {}
     work.mkdir(parents=True, exist_ok=True)
-    for kind, picked in kinds.items():
+    for kind, picked in picks.items():
         files[kind] = work / f"{kind}.jsonl"
         files[kind].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in picked), encoding="utf-8")
     return files
 
 
-def build_pool(demo: RunConfig, work: Path, rows: int, per_kind: int, guided: bool) -> RunConfig:
-    """generate (no request: dataset replies) -> reconstruct -> validate, once, into runs/bench-quality/pool."""
+def build_pool(
+    demo: RunConfig, work: Path, rows: int, per_kind: int, guided: bool, kinds: tuple[str, str] = ("chat", "code")
+) -> RunConfig:
+    """generate (no request: dataset replies) -> reconstruct -> validate, once, into `work`/pool."""
     from tasks.generate.stage import run_generate
     from tasks.reconstruct.stage import RECONSTRUCT
     from tasks.validate.stage import VALIDATE
 
-    files = held_out_files(work, per_kind)
+    files = held_out_files(work, per_kind, kinds)
     sources = [{"name": "train", "format": "sharegpt", "path": SHAREGPT, "limit": rows, "max_prompt_chars": 1500}]
     sources += [{"name": kind, "format": "openai", "path": str(path)} for kind, path in files.items()]
     methods = ["server_ids", "logprobs", "guided" if guided else "reencode"]
@@ -142,7 +153,8 @@ def rows_for(run: RunConfig, budget: int, source: str = "train", column: str = "
 def held_out_sources(pool: RunConfig) -> list[dict]:
     """The fixed held-out prompts, from the pool: merge sources that hold all of their rows out."""
     reconstructed = str(stage_dir(pool, "reconstruct"))
-    return [{"name": kind, "path": reconstructed, "split": "eval"} for kind in ("heldout_chat", "heldout_code")]
+    kinds = [s.name for s in pool.generate.sources if s.name.startswith("heldout_")]
+    return [{"name": kind, "path": reconstructed, "split": "eval"} for kind in kinds]
 
 
 def run_settings(demo: RunConfig, args, steps: int, variant: str = "3.0") -> dict:

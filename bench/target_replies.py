@@ -142,29 +142,36 @@ def keep_journal() -> None:
 
 
 def generate(demo: RunConfig, args) -> None:
+    WORK.mkdir(parents=True, exist_ok=True)
+    restore_journal()
+    try:
+        buy(demo, lambda url: replies_config(demo, url, args), WORK / "vllm-generate.log", args)
+    finally:
+        if journal_path().exists():
+            keep_journal()
+
+
+def buy(demo: RunConfig, configure, log: Path, args) -> None:
+    """Ask vLLM on CPU for the replies the run `configure(base_url)` lacks (its journal: nothing is bought twice); with
+    nothing missing, the replies' table is written without starting the engine."""
     from tasks.generate.stage import run_generate, to_request
     from tasks.vllm_server import VllmServer
 
-    WORK.mkdir(parents=True, exist_ok=True)
-    restore_journal()
     # BFCL prompts carry tools with tool_choice "auto", which vLLM serves only with a tool-call parser: the demo
     # target writes Hermes calls (its `chatml` format).
     tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    bought = replies_config(demo, "http://127.0.0.1", args)
+    bought = configure("http://127.0.0.1")
     prompts, _, missing = to_request(bought)
-    if not missing:  # every prompt already bought: the replies' table is written without an engine
+    if not missing:
         run_generate(bought)
         print(f"journal: all {len(prompts.rows)} prompts already bought (of {reply_tokens(bought)[0]}); nothing requested")
         return
-    server = VllmServer(demo, WORK / "vllm-generate.log", tools, demo.target.max_length + args.max_tokens)
+    server = VllmServer(demo, log, tools, demo.target.max_length + args.max_tokens)
     with server:
-        config = replies_config(demo, server.url, args)
+        config = configure(server.url)
         before = reply_tokens(config)
         started = time.perf_counter()
-        try:
-            run_generate(config)
-        finally:
-            keep_journal()
+        run_generate(config)
         seconds = time.perf_counter() - started
     rows, tokens, cut = reply_tokens(config)
     print(f"vLLM ready in {server.startup_s:.0f} s; {rows - before[0]} replies bought this run in {seconds:.0f} s, ")
