@@ -6,7 +6,8 @@
     .venv/bin/python bench/recipes.py table                        # prints the results file's table
 
 Recipes, each its own generate run and journal under runs/bench-recipes (a rerun asks only for what it lacks, and no
-reply is bought twice), over the same ShareGPT conversations before the held-out slice (`--conversations`):
+reply is bought twice: a journal's replies keep the `--max-tokens` they were bought with), over the same ShareGPT
+conversations before the held-out slice (`--conversations`):
   b   their first user turns, temperature 0.7
   b0  the same at temperature 0
   e   the conversations whole, the target answering each user turn after its own earlier replies
