@@ -100,6 +100,16 @@ def test_every_results_file_is_rendered_by_a_docs_page():
     assert called <= {p.stem for p in results_files()}, "a page renders a results file that does not exist"
 
 
+def test_a_page_that_calls_a_macro_renders_macros():
+    """Pages opt in to macros (`render_macros: true`): a call on any other page would show as its literal text."""
+    literal = [
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "docs").rglob("*.md")
+        if "{{ results(" in (text := p.read_text(encoding="utf-8")) and not text.startswith("---\nrender_macros: true\n")
+    ]
+    assert not literal, f"these pages call results() without render_macros: true: {literal}"
+
+
 def test_every_bench_writes_its_figures_through_publish():
     benches = [p for p in (ROOT / "bench").glob("*.py") if p.name != "publish.py"]
     silent = [p.name for p in benches if "from bench.publish import" not in p.read_text(encoding="utf-8")]
