@@ -53,7 +53,7 @@ def main() -> None:
         ["rows with ids", "rows off the habit", *OUTCOMES, "rebuild s"],
         note="kept: on its count as returned; unseen: stripped to as many tokens (the count cannot see it); left: off "
         "its count, unsettled; too_long: over target.max_length (a long tool list), not rebuilt. The model's habit: "
-        "none after <think>, a newline before </think>, two before the content, one before the tool calls; a row "
+        "none after `<think>`, a newline before `</think>`, two before the content, one before the tool calls; a row "
         "off it has other whitespace (or none) at one join.",
     )
     for run in runs:
