@@ -46,7 +46,7 @@ from bench.quality import (  # noqa: E402
     score,
     train,
 )
-from bench.target_replies import buy, first_turns  # noqa: E402
+from bench.target_replies import buy, engine_generate, first_turns  # noqa: E402
 from tasks.config import RunConfig, load_config  # noqa: E402
 from tasks.stages import stage_dir  # noqa: E402
 from tasks.storage import read_table  # noqa: E402
@@ -73,9 +73,7 @@ def recipe_config(demo: RunConfig, recipe: str, base_url: str, args) -> RunConfi
     else:
         source = {"name": "target", "format": "sharegpt", "path": SHAREGPT, "limit": args.conversations}
         source |= {"max_prompt_chars": 1500, "regenerate": "each_turn"}
-    request = {"temperature": temperature, "max_tokens": args.max_tokens, "return_token_ids": True, "seed": None}
-    api = {"base_url": f"{base_url}/v1", "provider": "vllm", "api_key_env": None, "concurrency": args.concurrency}
-    generate = {"sources": [source], "api": api, "request": request, "max_error_rate": 0.02}
+    generate = engine_generate([source], base_url, temperature, args)
     return RunConfig.model_validate(
         demo.model_dump(mode="json") | {"name": f"buy-{recipe}", "runs_dir": str(WORK), "generate": generate}
     )

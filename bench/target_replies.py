@@ -104,12 +104,17 @@ def replies_config(demo: RunConfig, base_url: str, args) -> RunConfig:
     turns = first_turns(WORK / "sharegpt-first-turns.jsonl", args.first_turns)
     sources = [{"name": "sharegpt", "format": "openai", "path": str(turns)}]
     sources += [{"name": f"bfcl{i}", "format": "bfcl", "path": path, "limit": args.bfcl} for i, path in enumerate(BFCL)]
-    request = {"temperature": 0.7, "max_tokens": args.max_tokens, "return_token_ids": True, "seed": None}
-    api = {"base_url": f"{base_url}/v1", "provider": "vllm", "api_key_env": None, "concurrency": args.concurrency}
-    generate = {"sources": sources, "api": api, "request": request, "max_error_rate": 0.02}
+    generate = engine_generate(sources, base_url, 0.7, args)
     return RunConfig.model_validate(
         demo.model_dump(mode="json") | {"name": "replies", "runs_dir": str(WORK), "generate": generate}
     )
+
+
+def engine_generate(sources: list[dict], base_url: str, temperature: float, args) -> dict:
+    """The generate section that asks the vLLM server at `base_url` for replies with their token ids (no seed)."""
+    request = {"temperature": temperature, "max_tokens": args.max_tokens, "return_token_ids": True, "seed": None}
+    api = {"base_url": f"{base_url}/v1", "provider": "vllm", "api_key_env": None, "concurrency": args.concurrency}
+    return {"sources": sources, "api": api, "request": request, "max_error_rate": 0.02}
 
 
 def reply_tokens(config: RunConfig) -> tuple[int, int, int]:

@@ -46,8 +46,11 @@ def learn_habits(tokenizer, rows: list[dict], chat_format: ChatFormat, end_of_tu
     tokens = codec(tokenizer)
     seen: dict[str, dict[tuple[str, str], Counter]] = defaultdict(lambda: defaultdict(Counter))
     stripped: dict[str, set] = defaultdict(set)
-    for row in rows:
-        if row.get("token_ids") is None or row.get("prompt_token_ids") is None or row.get("finish_reason") == "length":
+    with_ids = [row.get("token_ids") is not None and row.get("prompt_token_ids") is not None for row in rows]
+    text_only = {row.get("source") or "" for row, ids in zip(rows, with_ids, strict=True) if not ids}
+    for row, ids in zip(rows, with_ids, strict=True):
+        # Only sources with text-only rows have anything to restore; a reply cut at its limit shows no end of turn.
+        if not ids or (row.get("source") or "") not in text_only or row.get("finish_reason") == "length":
             continue
         prompt, ids = row["prompt_token_ids"], completion_ids(row["token_ids"], end_of_turn, False)
         ids = ids[:-1] if ids and ids[-1] in end_of_turn.ids else ids
