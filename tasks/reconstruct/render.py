@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 
 from tasks.reconstruct.counts import ReasoningSpan
 from tasks.target_model.chat import template_messages
-from tasks.target_model.formats import ChatFormat, Reply, RowError, TemplateFormat, ToolCall
+from tasks.target_model.formats import ChatFormat, Reply, RowError, ToolCall
 
 TRUNCATED = "length"
 NOT_VERBATIM = ("summary", "encrypted")
@@ -201,29 +201,13 @@ def render_prompts(tokenizer, turns: list[ChatTurn], history_arguments: str = "o
     return out
 
 
-def reasoning_span(reply: Reply, prompt: str, chat_format: ChatFormat, row_id: str) -> ReasoningSpan | None:
-    """Where the format writes the reasoning at the head of the generated text, between its markers (None: the reply
-    has none, or the format writes it in channels of its own, as gpt-oss's harmony does)."""
-    if chat_format.think is None or not reply.reasoning:
-        return None
-    block = chat_format.reasoning_text(reply, prompt, row_id)
-    if not block or not reply.reasoning:
-        return None
-    start = 0 if chat_format.thinking_state(prompt) == "open" else len(chat_format.think[0])
-    return ReasoningSpan(start, start + len(chat_format.layout_reasoning(reply.reasoning)), len(block))
-
-
 def render_turn(turn: ChatTurn, prompt: str, chat_format: ChatFormat, echoed: str) -> RenderedTurn:
     reply = reply_of(turn, chat_format, echoed)
-    if isinstance(chat_format, TemplateFormat):  # the template writes the turn: with the request's tools and kwargs
-        request = {"tools": turn.tools, "template_kwargs": turn.template_kwargs}
-        with rendered_on(reply_day(turn.created)):
-            completion = chat_format.completion(reply, prompt, turn.messages, turn.id, request)
-        bounds = chat_format.reasoning_bounds(reply, completion)
-        span = ReasoningSpan(*bounds) if bounds else None
-    else:
-        completion = chat_format.completion(reply, prompt, turn.messages, turn.id)
-        span = reasoning_span(reply, prompt, chat_format, turn.id)
+    request = {"tools": turn.tools, "template_kwargs": turn.template_kwargs}
+    with rendered_on(reply_day(turn.created)):  # a format that writes the turn with the template, as the prompt was
+        completion = chat_format.completion(reply, prompt, turn.messages, turn.id, request)
+    bounds = chat_format.reasoning_bounds(reply, prompt, completion, turn.id)
+    span = ReasoningSpan(*bounds) if bounds else None
     return RenderedTurn(prompt + completion, len(prompt), len(prompt) + len(completion), prompt_plain_text(turn.messages), span)
 
 

@@ -144,14 +144,26 @@ class ChatFormat:
         return self.end_of_turn
 
     # ---------------------------------------------------------------- the whole turn
-    def completion(self, reply: Reply, prompt: str, history: list[dict], row_id: str = "") -> str:
-        """The generated turn after `prompt`, closed by its end-of-turn token unless it was cut off."""
+    def completion(self, reply: Reply, prompt: str, history: list[dict], row_id: str = "", request: dict | None = None) -> str:
+        """The generated turn after `prompt`, closed by its end-of-turn token unless it was cut off (`request`: the
+        tools and template kwargs it was asked with, for formats that render the turn with the template)."""
         text = self.reasoning_text(reply, prompt, row_id)
         if reply.cut_in_reasoning:
             return text
         content = self.layout_content(reply.content)
         text += content + self.tool_text(reply.tool_calls, content, history, row_id)
         return text if reply.truncated else text + self.end_text(reply)
+
+    def reasoning_bounds(self, reply: Reply, prompt: str, completion: str, row_id: str) -> tuple[int, int, int] | None:
+        """(start, stop, block end) of the reasoning at the head of the generated text, between its markers (None: the
+        reply has none, or the format writes it in channels of its own, as gpt-oss's harmony does)."""
+        if self.think is None or not reply.reasoning:
+            return None
+        block = self.reasoning_text(reply, prompt, row_id)
+        if not block:
+            return None
+        start = 0 if self.thinking_state(prompt) == "open" else len(self.think[0])
+        return start, start + len(self.layout_reasoning(reply.reasoning)), len(block)
 
     def parse(self, text: str, prompt: str) -> Reply:
         """Decoded completion (end-of-turn token removed) -> the API's channels, as an engine splits them."""

@@ -20,7 +20,7 @@ CALL = re.compile(r" to=functions\.(?P<name>[^<\s]+)<\|channel\|>commentary (?:j
 
 @dataclass(frozen=True)
 class HarmonyFormat(ChatFormat):
-    def completion(self, reply: Reply, prompt: str, history: list[dict], row_id: str = "") -> str:
+    def completion(self, reply: Reply, prompt: str, history: list[dict], row_id: str = "", request: dict | None = None) -> str:
         if len(reply.tool_calls) > 1:
             raise RowError("format_cannot_express", "tool_calls", f"row {row_id!r}: gpt-oss makes one tool call per turn")
         if reply.tool_calls and reply.content:

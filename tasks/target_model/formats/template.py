@@ -155,7 +155,7 @@ class TemplateFormat(ChatFormat):
             why = f"row {row_id!r}: the chat template does not write {what} of this turn"
             raise RowError("template_cannot_render", name, why)
 
-    def reasoning_bounds(self, reply: Reply, completion: str) -> tuple[int, int, int] | None:
+    def reasoning_bounds(self, reply: Reply, prompt: str, completion: str, row_id: str) -> tuple[int, int, int] | None:
         """(start, stop, block end) of the reasoning in the written turn; the block ends where the content's shape
         begins (None: no reasoning)."""
         if not reply.reasoning:
