@@ -449,10 +449,14 @@ def serve_speeds(results: list[dict], demo: RunConfig, pool: RunConfig, work: Pa
         first = next(iter(configs.values()))
         prompts = [p["prompt_ids"] for p in held_out_prompts(first)[0]]
         exports = {name: stage_dir(config, "train") / "export" for name, config in configs.items()}
+        kept = {name: kept_row(config).parent for name, config in configs.items()}
         out = work / f"serve-{budget}"
-        served = measure(first, exports, prompts, stop_ids(first), args.serve_ks, args.serve_reps, out)
+        served = measure(first, exports, prompts, stop_ids(first), args.serve_ks, args.serve_reps, out, kept, args.serve_together)
         for r in rows:
             r["serve"] = [m for m in served if m["draft"] == r["variant"]]
+            for m in r["serve"]:  # the served passes decode the same prompts: vLLM's τ at k where --vllm did not run
+                if r.get(f"tau_vllm_k{m['k']}") is None:
+                    r[f"tau_vllm_k{m['k']}"] = m["tau"]
 
 
 def main() -> None:
@@ -474,6 +478,7 @@ def main() -> None:
     parser.add_argument("--serve-ks", type=int, nargs="*", default=[], help="k values to serve each shape at in vLLM")
     parser.add_argument("--serve-reps", type=int, default=3, help="alternating greedy / draft passes per k served")
     parser.add_argument("--serve-variants", nargs="*", default=None, help="the shapes served (default: every one)")
+    parser.add_argument("--serve-together", type=int, default=3, help="draft servers up at once beside the greedy one")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--results", default="quality", help="the results file: bench/results/NAME.json")
     parser.add_argument(
@@ -513,7 +518,7 @@ def main() -> None:
         serve_speeds(results, demo, pool, work, args)
         (work / "results.json").write_text(json.dumps(results, indent=2))
     notes = f"{results[0]['prompts']} held-out prompts (chat and code), temperature 0, {args.new_tokens} new tokens."
-    tables = result_tables(results) + speed_table(results)
+    tables = result_tables(results) + speed_table(results, args.variants[0])
     save(args.results, tables, raw=results, plots=curve_plot(results), notes=notes)
 
 

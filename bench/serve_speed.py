@@ -5,17 +5,21 @@
 
 (`bench/quality.py --serve-ks` trains and scores the drafts, then calls `measure` here on their exports.)
 
-One server without a draft stays up while each (draft, k) server starts beside it in turn; the prompts then go
-through greedy, then the draft, `reps` times alternately, so a drift of the machine reaches both sides alike.
-tokens/s is a pass's output tokens over its summed request seconds (one request at a time, as a single user
-sees it); a pass's speed-up is the draft pass over the greedy pass just before it, and the spread over the passes
-is what the machine's noise leaves. τ comes from vLLM's spec-decode counters over the passes. Servers run with
+One server without a draft stays up while the (draft, k) servers start beside it, `together` at a time; the
+prompts then go through greedy, then each of those drafts in turn, `reps` times, so a drift of the machine reaches
+both sides alike and one greedy pass is the baseline of several drafts. tokens/s is a pass's output tokens over
+its summed request seconds (one request at a time, as a single user sees it); a pass's speed-up is the draft's
+pass over the greedy pass that opened the round, and the spread over the passes is what the machine's noise
+leaves. τ comes from vLLM's spec-decode counters over the passes. Each (draft, k) row is kept in the draft's run
+folder (`serve-kK.json`) as soon as it is measured: a stopped sweep resumes where it stopped. Servers run with
 --enforce-eager unless `compiled` (the CPU build recompiles at every start, 1.5-2.5 min on 2 cores).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+from contextlib import ExitStack
 from pathlib import Path
 
 from bench.publish import Table
@@ -42,10 +46,13 @@ def measure(
     ks: list[int],
     reps: int,
     out: Path,
+    kept: dict[str, Path],
+    together: int = 3,
     compiled: bool = False,
 ) -> list[dict]:
     """One row per (draft, k): τ by vLLM, greedy and speculative tokens/s per pass, the speed-up per pass, and
-    whether every speculative reply was the greedy one."""
+    whether every speculative reply was the greedy one. A row lands in its draft's `kept` folder as soon as it is
+    measured, and a rerun with the same prompts and passes reuses it."""
     args = config.vllm.args if compiled else [*config.vllm.args, "--enforce-eager"]
     config = config.model_copy(
         update={
@@ -54,58 +61,89 @@ def measure(
         }
     )
     longest = served_length(config)
-    rows = []
-    with VllmServer(config, out / "greedy.log", [], longest) as greedy:
-        decode_on(greedy, config, prompts[:1], eos_ids, 0)  # warm-up, not timed
-        for name, export in drafts.items():
-            for k in ks:
-                with VllmServer(config, out / f"{name}-k{k}.log", speculative_options(export, k), longest) as drafting:
-                    decode_on(drafting, config, prompts[:1], eos_ids, k)
-                    passes = []
-                    for _ in range(reps):
-                        plain = decode_on(greedy, config, prompts, eos_ids, 0)
-                        passes.append((plain, decode_on(drafting, config, prompts, eos_ids, k)))
-                greedy_tps = [tokens_per_s(plain) for plain, _ in passes]
-                draft_tps = [tokens_per_s(spec) for _, spec in passes]
-                rows.append(
-                    {
-                        "draft": name,
-                        "k": k,
-                        "tau": pooled_tau([r for _, spec in passes for r, _ in spec]),
-                        # Prompts whose reply equals greedy's in every pass: all of them in fp32; in bf16 vLLM's CPU
-                        # kernels round a verifying forward of k + 1 tokens otherwise than a one-token one, so a
-                        # near-tie can go the other way and the two replies part there.
-                        "identical": sum(
-                            all(plain[i][0].tokens == spec[i][0].tokens for plain, spec in passes) for i in range(len(prompts))
-                        ),
-                        "prompts": len(prompts),
-                        "greedy_tokens_per_s": spread(greedy_tps),
-                        "speculative_tokens_per_s": spread(draft_tps),
-                        "speed_up": spread([d / g for d, g in zip(draft_tps, greedy_tps, strict=True)]),
-                    }
-                )
-                print(f"serve speed {name} k={k}: τ {rows[-1]['tau']:.3f}, speed-up {rows[-1]['speed_up']}", flush=True)
-    return rows
+    rows = {(name, k): row for name in drafts for k in ks if (row := kept_serve(kept[name], k, reps, len(prompts)))}
+    todo = [(name, k) for k in ks for name in drafts if (name, k) not in rows]
+    if todo:
+        with VllmServer(config, out / "greedy.log", [], longest) as greedy:
+            decode_on(greedy, config, prompts[:1], eos_ids, 0)  # warm-up, not timed
+            for start in range(0, len(todo), together):
+                group = todo[start : start + together]
+                for (name, k), row in zip(group, serve_group(config, greedy, drafts, group, prompts, eos_ids, reps, out, longest)):
+                    rows[name, k] = row
+                    kept_file(kept[name], k).write_text(json.dumps(row))
+                    print(f"serve speed {name} k={k}: τ {row['tau']:.3f}, speed-up {row['speed_up']}", flush=True)
+    return [rows[name, k] for name in drafts for k in ks]
 
 
-def speed_table(results: list[dict]) -> list[Table]:
-    """vLLM's output tokens/s with each shape against the target alone, at each k served."""
-    served = [(r, m) for r in results for m in r.get("serve", [])]
+def kept_file(folder: Path, k: int) -> Path:
+    return folder / f"serve-k{k}.json"
+
+
+def kept_serve(folder: Path, k: int, reps: int, prompts: int) -> dict | None:
+    """A (draft, k) row measured before on the same number of prompts and passes."""
+    path = kept_file(folder, k)
+    row = json.loads(path.read_text()) if path.exists() else None
+    return row if row and row["prompts"] == prompts and len(row["speed_up"]["values"]) == reps else None
+
+
+def serve_group(config, greedy, drafts, group, prompts, eos_ids, reps, out, longest) -> list[dict]:
+    """Serve a few (draft, k) at once beside the greedy server: each pass decodes the prompts greedy, then with each
+    draft in turn, so one greedy pass is the baseline for all of them."""
+    with ExitStack() as stack:
+        servers = []
+        for name, k in group:
+            options = speculative_options(drafts[name], k)
+            servers.append(stack.enter_context(VllmServer(config, out / f"{name}-k{k}.log", options, longest)))
+        for server, (_, k) in zip(servers, group):
+            decode_on(server, config, prompts[:1], eos_ids, k)
+        passes = []
+        for _ in range(reps):
+            plain = decode_on(greedy, config, prompts, eos_ids, 0)
+            passes.append((plain, [decode_on(server, config, prompts, eos_ids, k) for server, (_, k) in zip(servers, group)]))
+    return [served_row(name, k, [(plain, spec[i]) for plain, spec in passes], len(prompts)) for i, (name, k) in enumerate(group)]
+
+
+def served_row(name: str, k: int, passes: list, prompts: int) -> dict:
+    greedy_tps = [tokens_per_s(plain) for plain, _ in passes]
+    draft_tps = [tokens_per_s(spec) for _, spec in passes]
+    return {
+        "draft": name,
+        "k": k,
+        "tau": pooled_tau([r for _, spec in passes for r, _ in spec]),
+        # Prompts whose reply equals greedy's in every pass: all of them in fp32; in bf16 vLLM's CPU kernels round a
+        # verifying forward of k + 1 tokens otherwise than a one-token one, so a near-tie can go the other way and the
+        # two replies part there.
+        "identical": sum(all(plain[i][0].tokens == spec[i][0].tokens for plain, spec in passes) for i in range(prompts)),
+        "prompts": prompts,
+        "greedy_tokens_per_s": spread(greedy_tps),
+        "speculative_tokens_per_s": spread(draft_tps),
+        "speed_up": spread([d / g for d, g in zip(draft_tps, greedy_tps, strict=True)]),
+    }
+
+
+def speed_table(results: list[dict], reference: str) -> list[Table]:
+    """One row per budget, k and shape: τ by draftsmith (paired gap to `reference` where measured), τ by vLLM, and
+    vLLM's output tokens/s with the draft against the target alone."""
+    served = sorted(
+        ((r, m) for r in results for m in r.get("serve", [])), key=lambda rm: (rm[0]["tokens"], rm[1]["k"])
+    )  # fmt: skip
     if not served:
         return []
     reps = len(served[0][1]["speed_up"]["values"])
     table = Table(
-        f"Served by vLLM: tokens/s with the draft against the target alone, {reps} alternating passes each",
-        ["target tokens", "shape", "k", "τ by vLLM", "greedy tokens/s", "speculative tokens/s", "speed-up", "min", "max",
-         "replies = greedy's"],
-        note="Mean over the passes; min and max: the passes' own speed-ups (each draft pass over the greedy pass before it). "
-        "replies = greedy's: prompts whose speculative reply was the greedy one in every pass; in bfloat16 vLLM's CPU "
-        "kernels round a forward of k + 1 tokens otherwise than a one-token forward, so a near-tie can part them.",
+        f"τ by draftsmith and by vLLM, and tokens/s served by vLLM against the target alone ({reps} alternating passes)",
+        ["target tokens", "k", "shape", "τ", f"gap to {reference}, paired", "± σ (paired)", "τ by vLLM",
+         "greedy tokens/s", "speculative tokens/s", "speed-up", "min", "max", "replies = greedy's"],
+        note="τ: draftsmith's own loop; the gap to the reference shape is bootstrapped over the same prompts. Speeds: mean "
+        "over the passes; min and max: the passes' own speed-ups (each draft pass over the greedy pass that opened its "
+        "round). replies = greedy's: prompts whose speculative reply was the greedy one in every pass; in bfloat16 "
+        "vLLM's CPU kernels round a forward of k + 1 tokens otherwise than a one-token forward, so a near-tie can part them.",
     )  # fmt: skip
     for r, m in served:
-        up = m["speed_up"]
+        k, up = m["k"], m["speed_up"]
         table.add(
-            r["tokens"], r["variant"], m["k"], m["tau"], m["greedy_tokens_per_s"]["mean"],
-            m["speculative_tokens_per_s"]["mean"], up["mean"], up["min"], up["max"], f"{m['identical']}/{m['prompts']}",
+            r["tokens"], k, r["variant"], r.get(f"tau_k{k}"), r.get(f"gap_k{k}"), r.get(f"gap_sigma_k{k}"), m["tau"],
+            m["greedy_tokens_per_s"]["mean"], m["speculative_tokens_per_s"]["mean"], up["mean"], up["min"], up["max"],
+            f"{m['identical']}/{m['prompts']}",
         )  # fmt: skip
     return [table]
