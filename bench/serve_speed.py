@@ -68,7 +68,8 @@ def measure(
             decode_on(greedy, config, prompts[:1], eos_ids, 0)  # warm-up, not timed
             for start in range(0, len(todo), together):
                 group = todo[start : start + together]
-                for (name, k), row in zip(group, serve_group(config, greedy, drafts, group, prompts, eos_ids, reps, out, longest)):
+                measured = serve_group(config, greedy, drafts, group, prompts, eos_ids, reps, out, longest)
+                for (name, k), row in zip(group, measured, strict=True):
                     rows[name, k] = row
                     kept_file(kept[name], k).write_text(json.dumps(row))
                     print(f"serve speed {name} k={k}: τ {row['tau']:.3f}, speed-up {row['speed_up']}", flush=True)
@@ -90,16 +91,16 @@ def serve_group(config, greedy, drafts, group, prompts, eos_ids, reps, out, long
     """Serve a few (draft, k) at once beside the greedy server: each pass decodes the prompts greedy, then with each
     draft in turn, so one greedy pass is the baseline for all of them."""
     with ExitStack() as stack:
-        servers = []
+        servers = []  # (server, k), in the group's order
         for name, k in group:
-            options = speculative_options(drafts[name], k)
-            servers.append(stack.enter_context(VllmServer(config, out / f"{name}-k{k}.log", options, longest)))
-        for server, (_, k) in zip(servers, group):
+            log = out / f"{name}-k{k}.log"
+            servers.append((stack.enter_context(VllmServer(config, log, speculative_options(drafts[name], k), longest)), k))
+        for server, k in servers:
             decode_on(server, config, prompts[:1], eos_ids, k)
         passes = []
         for _ in range(reps):
             plain = decode_on(greedy, config, prompts, eos_ids, 0)
-            passes.append((plain, [decode_on(server, config, prompts, eos_ids, k) for server, (_, k) in zip(servers, group)]))
+            passes.append((plain, [decode_on(server, config, prompts, eos_ids, k) for server, k in servers]))
     return [served_row(name, k, [(plain, spec[i]) for plain, spec in passes], len(prompts)) for i, (name, k) in enumerate(group)]
 
 
