@@ -62,6 +62,7 @@ RECIPES = {
 }
 ARMS = {"a": "ShareGPT's own replies", **{name: recipe[0] for name, recipe in RECIPES.items()}}
 K = 3
+BOUGHT_MAX_TOKENS = 768  # the limit bench/target_replies.py's journal was bought with
 
 
 def recipe_config(demo: RunConfig, recipe: str, base_url: str, args) -> RunConfig:
@@ -77,6 +78,29 @@ def recipe_config(demo: RunConfig, recipe: str, base_url: str, args) -> RunConfi
     return RunConfig.model_validate(
         demo.model_dump(mode="json") | {"name": f"buy-{recipe}", "runs_dir": str(WORK), "generate": generate}
     )
+
+
+def adopt_bought(config: RunConfig, args) -> int:
+    """Recipe (b) asks what bench/target_replies.py bought (ShareGPT first turns, T = 0.7, the same limit): each of
+    those replies whose prompt is one of (b)'s joins (b)'s journal under (b)'s id, so none is bought again."""
+    from bench.target_replies import journal_path, restore_journal
+    from tasks.generate.journal import JournalWriter, read_journal
+    from tasks.generate.stage import to_request
+
+    if args.max_tokens != BOUGHT_MAX_TOKENS:
+        return 0
+    restore_journal()
+    theirs = read_journal(journal_path()).done
+    prompts, ours, _ = to_request(config)
+    adopted = 0
+    with JournalWriter(stage_dir(config, "generate") / "journal.jsonl") as journal:
+        for p in prompts.rows:
+            record = theirs.get(f"sharegpt:{p['id'].split(':', 1)[-1]}")
+            if p["id"] not in ours.done and record is not None and json.loads(record["messages"]) == json.loads(p["messages"]):
+                journal.append(record | {"id": p["id"], "source": p["source"]})
+                adopted += 1
+    print(f"recipe b: {adopted} replies taken from bench/target_replies.py's journal")
+    return adopted
 
 
 def held_out_pool(demo: RunConfig, args) -> RunConfig:
@@ -221,6 +245,8 @@ def main() -> None:
         if args.name not in RECIPES:
             raise SystemExit(f"buy: a recipe, one of {sorted(RECIPES)}")
         WORK.mkdir(parents=True, exist_ok=True)
+        if args.name == "b":
+            adopt_bought(recipe_config(demo, "b", "http://127.0.0.1", args), args)
         buy(demo, lambda url: recipe_config(demo, args.name, url, args), WORK / f"vllm-{args.name}.log", args)
     elif args.what == "arm":
         record(args.name, args.budget, run_arm(demo, args.name, args.budget, args), args)
