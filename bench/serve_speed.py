@@ -61,7 +61,7 @@ def measure(
         }
     )
     longest = served_length(config)
-    rows = {(name, k): row for name in drafts for k in ks if (row := kept_serve(kept[name], k, reps, len(prompts)))}
+    rows = {(name, k): row for name in drafts for k in ks if (row := kept_serve(kept[name], k, reps, len(prompts), drafts[name]))}
     todo = [(name, k) for k in ks for name in drafts if (name, k) not in rows]
     if todo:
         with VllmServer(config, out / "greedy.log", [], longest) as greedy:
@@ -71,7 +71,7 @@ def measure(
                 measured = serve_group(config, greedy, drafts, group, prompts, eos_ids, reps, out, longest)
                 for (name, k), row in zip(group, measured, strict=True):
                     rows[name, k] = row
-                    kept_file(kept[name], k).write_text(json.dumps(row))
+                    kept_file(kept[name], k).write_text(json.dumps(row | {"export": export_stamp(drafts[name])}))
                     print(f"serve speed {name} k={k}: τ {row['tau']:.3f}, speed-up {row['speed_up']}", flush=True)
     return [rows[name, k] for name in drafts for k in ks]
 
@@ -80,11 +80,18 @@ def kept_file(folder: Path, k: int) -> Path:
     return folder / f"serve-k{k}.json"
 
 
-def kept_serve(folder: Path, k: int, reps: int, prompts: int) -> dict | None:
-    """A (draft, k) row measured before on the same number of prompts and passes."""
+def export_stamp(export: Path) -> list[int]:
+    """The export's weights file as written (size, mtime): a draft trained again is served again."""
+    stat = (export / "model.safetensors").stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def kept_serve(folder: Path, k: int, reps: int, prompts: int, export: Path) -> dict | None:
+    """A (draft, k) row measured before on the same export, number of prompts and passes."""
     path = kept_file(folder, k)
     row = json.loads(path.read_text()) if path.exists() else None
-    return row if row and row["prompts"] == prompts and len(row["speed_up"]["values"]) == reps else None
+    same = row and row["prompts"] == prompts and len(row["speed_up"]["values"]) == reps
+    return row if same and row.get("export") == export_stamp(export) else None
 
 
 def serve_group(config, greedy, drafts, group, prompts, eos_ids, reps, out, longest) -> list[dict]:
